@@ -1,0 +1,75 @@
+"""``adp-gateway``: the command line of the storage gateway.
+
+    adp-gateway serve [--config FILE] [--data-dir DIR] [--socket PATH] [--capacity SIZE]
+
+Errors in the config or the environment print one line naming what is wrong and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from gateway import config as config_module
+from gateway.errors import GatewayError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except GatewayError as exc:
+        print(f"adp-gateway: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adp-gateway", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the gateway until SIGTERM or Ctrl-C")
+    serve.add_argument("--config", help="YAML file; see configs/gateway.yaml")
+    serve.add_argument("--data-dir", help="directory for the database files (overrides data_dirs)")
+    serve.add_argument("--socket", help="Unix socket path clients connect to")
+    serve.add_argument("--capacity", help="bytes of disk to use in all, such as 64GiB")
+    serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.service import Gateway  # imported late: `--help` stays fast
+
+    overrides = {
+        "data_dirs": args.data_dir,
+        "socket": args.socket,
+        "capacity": args.capacity,
+        "log_level": args.log_level,
+    }
+    config = config_module.load(args.config, overrides)
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger("gateway").info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    gateway = Gateway(config)
+    gateway.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        gateway.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""A database on a preallocated file or a raw block device, with O_DIRECT I/O.
+
+O_DIRECT keeps KV bytes out of the page cache (they are already cached in LMCache's L1) and costs
+3-5 % of a core per GB/s against a whole core for buffered I/O. Where the filesystem refuses
+O_DIRECT (tmpfs, some overlays) the file is opened buffered and that is logged.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+
+from gateway.errors import StartupError
+from gateway.units import format_size
+
+log = logging.getLogger(__name__)
+
+
+class FileDevice:
+    def __init__(self, path: str, size_bytes: int) -> None:
+        self.path = path
+        self._is_block = os.path.exists(path) and stat.S_ISBLK(os.stat(path).st_mode)
+        if not self._is_block:
+            _preallocate(path, size_bytes)
+        self._fd, self.direct = _open(path)
+        self._size_bytes = size_bytes
+        if self._is_block:
+            device_bytes = os.lseek(self._fd, 0, os.SEEK_END)
+            if device_bytes < size_bytes:
+                os.close(self._fd)
+                raise StartupError(
+                    f"{path} holds {format_size(device_bytes)}, less than the "
+                    f"{format_size(size_bytes)} asked for: lower `capacity`"
+                )
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    def write(self, buffers: list[memoryview], offset: int) -> None:
+        total = sum(len(b) for b in buffers)
+        assert offset + total <= self._size_bytes
+        done = os.pwritev(self._fd, buffers, offset)
+        if done != total:  # short write: finish it buffer by buffer
+            _finish(self._fd, buffers, offset, done, os.pwritev)
+
+    def read(self, buffers: list[memoryview], offset: int) -> None:
+        total = sum(len(b) for b in buffers)
+        done = os.preadv(self._fd, buffers, offset)
+        if done != total:
+            _finish(self._fd, buffers, offset, done, os.preadv)
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _finish(fd: int, buffers: list[memoryview], offset: int, done: int, call: object) -> None:
+    position = offset
+    for buf in buffers:
+        if done >= len(buf):
+            done -= len(buf)
+            position += len(buf)
+            continue
+        view = buf[done:]
+        position += done
+        done = 0
+        while len(view):
+            moved = call(fd, [view], position)  # type: ignore[operator]
+            if moved <= 0:
+                raise OSError(errno.EIO, "device returned no bytes (end of device?)")
+            view = view[moved:]
+            position += moved
+
+
+def _open(path: str) -> tuple[int, bool]:
+    flags = os.O_RDWR | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | os.O_DIRECT), True
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    log.warning("%s refuses O_DIRECT; using buffered I/O (slower, uses the page cache)", path)
+    return os.open(path, flags), False
+
+
+def _preallocate(path: str, size_bytes: int) -> None:
+    """Create or grow the database file to ``size_bytes``, reserving the blocks now."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_size < size_bytes:
+            os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot reserve {format_size(size_bytes)} in {path}: "
+            f"{exc.strerror}; lower `capacity` or free space"
+        ) from exc
+    finally:
+        os.close(fd)

@@ -1,0 +1,146 @@
+"""The gateway's settings: YAML file (``--config``), then command-line overrides, then checks.
+
+Every key is documented in configs/gateway.yaml; tests/unit/test_config.py keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway import fields
+from gateway.errors import ConfigError, StartupError
+from gateway.ring.layout import PAGE_BYTES
+from gateway.units import format_size
+
+DEFAULT_SOCKET = "/tmp/lmcache-adp/gateway.sock"
+AUTO_CAPACITY_BYTES_MAX = 64 * 2**30
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    socket: str = field(default=DEFAULT_SOCKET, metadata={"help": "Unix socket clients connect to"})
+    data_dirs: list[str] = field(default_factory=lambda: ["./adp-data"])
+    databases_per_dir: int = field(default=1, metadata={"minimum": 1})
+    devices: list[str] = field(default_factory=list)
+    capacity: int | None = field(default=None, metadata={"size": True})
+    region_size: int = field(default=64 * 2**20, metadata={"size": True, "minimum": 2 * PAGE_BYTES})
+    fragment_size: int = field(default=4 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES})
+    io_threads: int = field(default=4, metadata={"minimum": 1})
+    sync: str = field(default="always", metadata={"choices": ("always", "none")})
+    session_slots: int = field(default=128, metadata={"minimum": 1})
+    session_arena_size: int = field(
+        default=256 * 2**10, metadata={"size": True, "minimum": 64 * 2**10}
+    )
+    session_window_size: int = field(
+        default=512 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES}
+    )
+    store_backlog_max: int = field(default=2 * 2**30, metadata={"size": True})
+    log_level: str = field(
+        default="INFO", metadata={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")}
+    )
+
+    @property
+    def database_paths(self) -> list[str]:
+        """One path per database: files in the data dirs, then raw block devices."""
+        files = [
+            str(Path(d) / f"db{i}.adp")
+            for d in self.data_dirs
+            for i in range(self.databases_per_dir)
+        ]
+        return files + list(self.devices)
+
+
+# Fields whose default is a list; a YAML null means "the default" for those too.
+_SIZE_ALIGNED = ("region_size", "fragment_size", "session_arena_size", "session_window_size")
+
+
+def load(path: str | None, overrides: dict[str, Any]) -> GatewayConfig:
+    """Read the YAML file at ``path`` (if any), apply non-None ``overrides`` and check it all."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        values = _read_yaml(path)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = fields.build(GatewayConfig, values, where=path or "gateway config")
+    return _check(config)
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    return values
+
+
+def _check(config: GatewayConfig) -> GatewayConfig:
+    for name in _SIZE_ALIGNED:
+        if getattr(config, name) % PAGE_BYTES:
+            raise ConfigError(f"{name}: must be a multiple of 4 KiB, got {getattr(config, name)}")
+    if config.fragment_size + PAGE_BYTES > config.region_size:
+        raise ConfigError(
+            f"fragment_size ({format_size(config.fragment_size)}) plus its 4 KiB "
+            f"header must fit in region_size ({format_size(config.region_size)})"
+        )
+    if not config.database_paths:
+        raise ConfigError("no databases: set `data_dirs` or `devices`")
+    return config
+
+
+def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
+    """Fill in ``capacity`` from free space when unset, and check the data dirs can hold it."""
+    for directory in config.data_dirs:
+        _prepare_dir(directory)
+    free = sum(_free_bytes_for(config, d) for d in config.data_dirs)
+    capacity = config.capacity
+    if capacity is None:
+        capacity = min(AUTO_CAPACITY_BYTES_MAX, free // 2)
+    if config.data_dirs and capacity > free:
+        raise StartupError(
+            f"capacity is {format_size(capacity)} but {', '.join(config.data_dirs)} "
+            f"can take only {format_size(free)} more: lower `capacity` or free space"
+        )
+    per_database = capacity // len(config.database_paths)
+    if per_database < PAGE_BYTES + 2 * config.region_size:
+        raise ConfigError(
+            f"capacity {format_size(capacity)} gives each of the "
+            f"{len(config.database_paths)} databases less than two regions of "
+            f"{format_size(config.region_size)}: raise `capacity` or lower "
+            "`region_size`"
+        )
+    return replace(config, capacity=capacity)
+
+
+def _prepare_dir(directory: str) -> None:
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot create data dir {directory}: {exc.strerror}; choose another "
+            "`--data-dir` or fix its permissions"
+        ) from exc
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise StartupError(
+            f"data dir {directory} is not writable by this user; choose another "
+            "`--data-dir` or fix its permissions"
+        )
+
+
+def _free_bytes_for(config: GatewayConfig, directory: str) -> int:
+    """Free space, counting the database files already there as ours to reuse."""
+    existing = sum(
+        os.path.getsize(p)
+        for p in config.database_paths
+        if p.startswith(str(Path(directory))) and os.path.exists(p)
+    )
+    return shutil.disk_usage(directory).free + existing

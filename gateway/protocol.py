@@ -1,0 +1,172 @@
+"""The plugin <-> gateway wire protocol: handshake frames, op codes, statuses and request payloads.
+
+The handshake runs over the gateway's Unix socket as length-prefixed msgpack maps. The gateway
+answers a ``Hello`` with a ``Welcome`` and three fds by SCM_RIGHTS: the memfd holding the rings,
+arenas and transfer window (gateway/ring/layout.py), the client's submit doorbell and its
+completion doorbell (eventfds). After that the socket carries nothing; it stays open so each side
+sees the other die (EOF).
+
+Everything here parses untrusted bytes: any malformed input raises ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from gateway.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+FRAME_BYTES_MAX = 64 * 1024
+KEY_BYTES_MAX = 1024
+TENANT_BYTES_MAX = 64
+KEYS_PER_REQUEST_MAX = 4096
+_FRAME_HEADER = struct.Struct("<I")
+
+
+class Op(IntEnum):
+    GET = 1
+    SET = 2
+    EXISTS = 3
+    DELETE = 4
+
+
+class Status(IntEnum):
+    OK = 0  # done; for EXISTS/DELETE the per-key result bytes are in the slot's arena
+    MISS = 1  # GET: not stored (or failed verification, which is logged)
+    FAILED = 2  # an I/O or internal error; logged by the gateway
+    EXPIRED = 3  # the op's deadline passed before it could start
+    REJECTED = 4  # shed by admission control (store backlog over its bound)
+
+
+@dataclass(frozen=True)
+class Hello:
+    tenant: str
+    token: str | None = None
+    client: str = ""
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Welcome:
+    session_id: int
+    slots: int
+    arena_bytes: int
+    window_bytes: int
+    object_bytes_max: int
+
+
+def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = msgpack.packb(body, use_bin_type=True)
+    frame = _FRAME_HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame], fds)
+    else:
+        sock.sendall(frame)
+
+
+def recv_frame(sock: socket.socket, fds_max: int = 0) -> tuple[dict[str, Any], list[int]]:
+    """Read one frame (and up to ``fds_max`` fds sent with its first bytes)."""
+    head, fds = _recv_exact(sock, _FRAME_HEADER.size, fds_max)
+    (length,) = _FRAME_HEADER.unpack(head)
+    if length > FRAME_BYTES_MAX:
+        raise ProtocolError(f"handshake frame of {length} bytes exceeds {FRAME_BYTES_MAX}")
+    body, more = _recv_exact(sock, length, 0)
+    try:
+        value = msgpack.unpackb(body, raw=False, max_str_len=FRAME_BYTES_MAX)
+    except Exception as exc:
+        raise ProtocolError(f"handshake frame is not valid msgpack: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ProtocolError("handshake frame is not a map")
+    return value, fds + more
+
+
+def _recv_exact(sock: socket.socket, size: int, fds_max: int) -> tuple[bytes, list[int]]:
+    chunks: list[bytes] = []
+    fds: list[int] = []
+    received = 0
+    while received < size:
+        if fds_max and not fds:
+            data, new_fds, _, _ = socket.recv_fds(sock, size - received, fds_max)
+            fds.extend(new_fds)
+        else:
+            data = sock.recv(size - received)
+        if not data:
+            raise ProtocolError("peer closed the socket during the handshake")
+        chunks.append(data)
+        received += len(data)
+    return b"".join(chunks), fds
+
+
+def parse_hello(body: dict[str, Any]) -> Hello:
+    protocol = body.get("protocol")
+    if protocol != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"client speaks protocol {protocol!r}, this gateway speaks {PROTOCOL_VERSION}: "
+            "install matching lmcache-adp versions on both sides"
+        )
+    tenant = body.get("tenant")
+    token = body.get("token")
+    client = body.get("client", "")
+    if not isinstance(tenant, str) or not 0 < len(tenant.encode()) <= TENANT_BYTES_MAX:
+        raise ProtocolError(f"tenant must be a string of 1..{TENANT_BYTES_MAX} bytes")
+    if token is not None and not isinstance(token, str):
+        raise ProtocolError("token must be a string")
+    if not isinstance(client, str):
+        raise ProtocolError("client must be a string")
+    return Hello(tenant=tenant, token=token, client=client[:256])
+
+
+def hello_body(hello: Hello) -> dict[str, Any]:
+    return {
+        "protocol": hello.protocol,
+        "tenant": hello.tenant,
+        "token": hello.token,
+        "client": hello.client,
+    }
+
+
+def welcome_body(welcome: Welcome) -> dict[str, Any]:
+    return {"ok": True, **dataclasses.asdict(welcome)}
+
+
+def parse_welcome(body: dict[str, Any]) -> Welcome:
+    if body.get("ok") is not True:
+        raise ProtocolError(str(body.get("error", "the gateway refused the handshake")))
+    try:
+        values = {k: int(body[k]) for k in Welcome.__dataclass_fields__}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed welcome from the gateway: {exc}") from exc
+    return Welcome(**values)
+
+
+def encode_keys(keys: list[str]) -> bytes:
+    return bytes(msgpack.packb(keys, use_bin_type=True))
+
+
+def decode_keys(payload: bytes | memoryview, count_max: int) -> list[str]:
+    """Parse a request's key list; every key is a non-empty string of at most KEY_BYTES_MAX."""
+    try:
+        keys = msgpack.unpackb(
+            payload,
+            raw=False,
+            max_str_len=KEY_BYTES_MAX,
+            max_array_len=count_max,
+            max_bin_len=0,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:
+        raise ProtocolError(f"request keys are not valid msgpack: {exc}") from exc
+    if not isinstance(keys, list) or not keys:
+        raise ProtocolError("request keys must be a non-empty list")
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise ProtocolError("every request key must be a non-empty string")
+    return keys

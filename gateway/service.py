@@ -1,0 +1,220 @@
+"""The gateway process: opens the store, listens on the Unix socket, runs sessions and I/O threads.
+
+Start-up order: check the config against the machine, open the databases, rebuild the index,
+then listen, so a client never sees a half-recovered store. Stop order: stop accepting, fail
+what is queued, let running I/O finish, sync, close the databases, remove the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+
+from gateway import config as config_module
+from gateway.backends.base import Device
+from gateway.backends.filedevice import FileDevice
+from gateway.backends.regionlog import RegionLog
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, StartupError
+from gateway.protocol import (
+    Hello,
+    parse_hello,
+    recv_frame,
+    send_frame,
+    welcome_body,
+)
+from gateway.ring.layout import RingLayout
+from gateway.scheduler import Scheduler
+from gateway.session import Session
+from gateway.store import Store
+from gateway.units import format_size
+
+log = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT_S = 5.0
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config_module.resolve_capacity(config)
+        self._listener: socket.socket | None = None
+        self._sessions: dict[int, Session] = {}
+        self._session_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.scheduler = Scheduler(self.config.store_backlog_max)
+        self.store = self._open_store()
+
+    def _open_store(self) -> Store:
+        paths = self.config.database_paths
+        assert self.config.capacity is not None
+        per_database = self.config.capacity // len(paths)
+        devices: list[Device] = [FileDevice(p, per_database) for p in paths]
+        store_ref: list[Store] = []
+        region_log = RegionLog(
+            devices, self.config.region_size, lambda *region: store_ref[0].on_reclaim(*region)
+        )
+        store = Store(region_log, self.config.fragment_size, sync=self.config.sync == "always")
+        store_ref.append(store)
+        started = time.monotonic()
+        count = store.recover()
+        stats = store.statistics()
+        log.info(
+            "recovered %d objects (%s of %s) from %d database(s) in %.2f s",
+            count,
+            format_size(stats.used_bytes),
+            format_size(stats.capacity_bytes),
+            len(paths),
+            time.monotonic() - started,
+        )
+        return store
+
+    def start(self) -> None:
+        self._listener = _listen(self.config.socket)
+        for i in range(self.config.io_threads):
+            self._spawn(f"io-{i}", self._io_loop)
+        self._spawn("accept", self._accept_loop)
+        log.info("gateway listening on %s", self.config.socket)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone won't
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.socket)
+        for task in self.scheduler.close():
+            task.cancel(2)  # Status.FAILED: the client learns at once instead of at its deadline
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.stop()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self.store.close()
+        log.info("gateway stopped")
+
+    def _spawn(self, name: str, target: object) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def _io_loop(self) -> None:
+        while not self._stopping.is_set():
+            task = self.scheduler.next(timeout_s=0.5)
+            if task is not None:
+                try:
+                    task.run()
+                except Exception:  # a bug must not kill an I/O thread: fail the op, log it
+                    log.exception("unexpected error in an I/O task")
+                    task.cancel(2)
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # listener closed: stopping
+            threading.Thread(
+                target=self._handshake, args=(conn,), name="handshake", daemon=True
+            ).start()
+
+    def _handshake(self, conn: socket.socket) -> None:
+        peer = _peer_name(conn)
+        try:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            body, _ = recv_frame(conn)
+            hello = parse_hello(body)
+            session = self._new_session(conn, hello, peer)
+            welcome, fds = session.welcome(self.config.session_window_size)
+            send_frame(conn, welcome_body(welcome), fds)
+            conn.settimeout(None)
+        except (GatewayError, OSError) as exc:
+            log.warning("refused client %s: %s", peer, exc)
+            with contextlib.suppress(OSError):
+                send_frame(conn, {"ok": False, "error": str(exc)})
+            conn.close()
+            return
+        log.info("%s connected", session.name)
+        session.run()
+
+    def _new_session(self, conn: socket.socket, hello: Hello, peer: str) -> Session:
+        layout = RingLayout(
+            self.config.session_slots,
+            self.config.session_arena_size,
+            self.config.session_window_size,
+        )
+        session = Session(
+            next(self._session_ids),
+            conn,
+            hello.tenant,
+            peer,
+            layout,
+            self.store,
+            self.scheduler,
+            self._forget,
+        )
+        with self._lock:
+            self._sessions[session.session_id] = session
+        return session
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.pop(session.session_id, None)
+
+
+def _peer_name(conn: socket.socket) -> str:
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return "unknown peer"
+    pid, uid, _ = _PEERCRED.unpack(creds)
+    return f"pid {pid} uid {uid}"
+
+
+def _listen(path: str) -> socket.socket:
+    """Bind the Unix socket, refusing to steal it from a live gateway."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot create the socket's directory {directory}: {exc.strerror}; "
+            "choose another `--socket`"
+        ) from exc
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
+            os.unlink(path)  # left behind by a gateway that died
+        else:
+            raise StartupError(
+                f"{path} is already served by a live gateway: stop it first, or "
+                "give this one another `--socket`"
+            )
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+    except OSError as exc:
+        listener.close()
+        raise StartupError(
+            f"cannot bind {path}: {exc.strerror}; choose another `--socket`"
+        ) from exc
+    os.chmod(path, 0o660)
+    listener.listen(64)
+    return listener

@@ -1,0 +1,244 @@
+"""One connected plugin instance: its shared memory, its rings and the ops it has in flight.
+
+Everything the client writes into shared memory is untrusted. A descriptor that breaks the
+protocol (unknown op, slot out of range or already in flight, a window range outside the window,
+malformed keys) drops this session with a log line; other sessions are not affected.
+
+Threads: ``run`` (the session's own thread) reads submissions and answers EXISTS from the index;
+the I/O threads run its loads, stores and deletes and call ``complete``. The mapping stays alive
+until the last I/O thread has released its views of it, so a dead client never pulls memory out
+from under an in-flight read or write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from gateway.errors import ProtocolError, StorageError
+from gateway.protocol import KEYS_PER_REQUEST_MAX, Op, Status, Welcome, decode_keys
+from gateway.ring.layout import (
+    PAGE_BYTES,
+    Completion,
+    RingLayout,
+    Submission,
+    align_up,
+    create_shared,
+)
+from gateway.ring.queue import completion_producer, submission_consumer
+from gateway.scheduler import Priority, Scheduler, Task
+from gateway.store import Store
+
+log = logging.getLogger(__name__)
+_PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: int,
+        sock: socket.socket,
+        tenant: str,
+        peer: str,
+        layout: RingLayout,
+        store: Store,
+        scheduler: Scheduler,
+        on_close: Callable[[Session], None],
+    ) -> None:
+        self.session_id = session_id
+        self.tenant = tenant
+        self.name = f"session {session_id} ({peer}, tenant {tenant!r})"
+        self._sock = sock
+        self._layout = layout
+        self._store = store
+        self._scheduler = scheduler
+        self._on_close = on_close
+        self._memfd, mapping = create_shared(layout)
+        self._memory = memoryview(mapping)
+        self._window = layout.window(self._memory)
+        self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._completed = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._submissions = submission_consumer(self._memory, layout)
+        self._completions = completion_producer(self._memory, layout)
+        self._backlog: deque[Completion] = deque()  # completions waiting for room in the CQ
+        self._inflight: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def welcome(self, object_bytes_max: int) -> tuple[Welcome, list[int]]:
+        welcome = Welcome(
+            self.session_id,
+            self._layout.slots,
+            self._layout.arena_bytes,
+            self._layout.window_bytes,
+            object_bytes_max,
+        )
+        return welcome, [self._memfd, self._submitted, self._completed]
+
+    def run(self) -> None:
+        os.close(self._memfd)  # the client holds its own copy now; the mapping keeps ours alive
+        poller = select.poll()
+        poller.register(self._submitted, select.POLLIN)
+        poller.register(self._sock, select.POLLIN)
+        try:
+            while not self._closed:
+                events = dict(poller.poll(1000))
+                if self._sock.fileno() in events and not self._client_alive():
+                    log.info("%s: client disconnected", self.name)
+                    break
+                if self._submitted in events:
+                    _reset(self._submitted)
+                    for submission in self._submissions.pop_all():
+                        self._dispatch(submission)
+        except ProtocolError as exc:
+            log.error("%s: %s; dropping the session", self.name, exc)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._scheduler.drop_session(self.session_id)
+        self._sock.close()
+        os.close(self._submitted)
+        with self._lock:
+            os.close(self._completed)
+        self._on_close(self)
+
+    def stop(self) -> None:
+        """Ask ``run`` to end (any thread); it closes the session on its way out."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def complete(
+        self, submission: Submission, status: Status, result_bytes: int = 0, data_bytes: int = 0
+    ) -> None:
+        """Report an op done (any thread). Dropped silently once the session is closed."""
+        completion = Completion(
+            submission.op_id, submission.slot, status, 0, 0, result_bytes, 0, data_bytes
+        )
+        with self._lock:
+            if self._closed:
+                return
+            self._inflight.discard(submission.slot)
+            self._backlog.append(completion)
+            try:
+                while self._backlog and self._completions.push(self._backlog[0]):
+                    self._backlog.popleft()
+            except ProtocolError as exc:
+                log.error("%s: %s; dropping the session", self.name, exc)
+                self.stop()  # run() wakes up and closes the session
+                return
+            os.eventfd_write(self._completed, 1)
+
+    def _client_alive(self) -> bool:
+        try:
+            data = self._sock.recv(1, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if data:
+            raise ProtocolError("client wrote to the socket after the handshake")
+        return False
+
+    def _dispatch(self, submission: Submission) -> None:
+        op = self._check(submission)
+        arena = self._layout.arena(self._memory, submission.slot)
+        keys = decode_keys(bytes(arena[: submission.request_bytes]), KEYS_PER_REQUEST_MAX)
+        if time.monotonic_ns() > submission.deadline_ns:
+            self.complete(submission, Status.EXPIRED)
+        elif op == Op.EXISTS:
+            self._finish_with_results(submission, arena, self._store.exists(self.tenant, keys))
+        elif op == Op.DELETE:
+            self._queue(
+                submission,
+                0,
+                lambda: self._finish_with_results(
+                    submission, arena, self._store.delete(self.tenant, keys)
+                ),
+            )
+        else:
+            self._queue_data_op(op, submission, keys, arena)
+
+    def _check(self, submission: Submission) -> Op:
+        if submission.op not in Op.__members__.values():
+            raise ProtocolError(f"unknown op code {submission.op}")
+        if submission.slot >= self._layout.slots:
+            raise ProtocolError(f"slot {submission.slot} is out of range")
+        if submission.request_bytes > self._layout.arena_bytes:
+            raise ProtocolError(f"request of {submission.request_bytes} bytes overflows its arena")
+        with self._lock:
+            if submission.slot in self._inflight:
+                raise ProtocolError(f"slot {submission.slot} reused while its op is in flight")
+            self._inflight.add(submission.slot)
+        return Op(submission.op)
+
+    def _queue_data_op(
+        self, op: Op, submission: Submission, keys: list[str], arena: memoryview
+    ) -> None:
+        if len(keys) != 1:
+            raise ProtocolError(f"a {op.name} carries one key, got {len(keys)}")
+        start, end = (
+            submission.data_offset,
+            submission.data_offset + align_up(submission.data_bytes),
+        )
+        if start % PAGE_BYTES or end > self._layout.window_bytes:
+            raise ProtocolError(
+                f"window range [{start}, {end}) is unaligned or outside the "
+                f"{self._layout.window_bytes}-byte window"
+            )
+        extent = self._window[start:end]
+        key, length = keys[0], submission.data_bytes
+
+        def load() -> None:
+            found = self._store.get(self.tenant, key, extent, length)
+            self.complete(submission, Status.OK if found else Status.MISS, data_bytes=length)
+
+        def store() -> None:
+            self._store.put(self.tenant, key, extent, length)
+            self.complete(submission, Status.OK)
+
+        self._queue(submission, length, load if op == Op.GET else store)
+
+    def _queue(self, submission: Submission, data_bytes: int, work: Callable[[], None]) -> None:
+        def run() -> None:
+            if time.monotonic_ns() > submission.deadline_ns:
+                self.complete(submission, Status.EXPIRED)
+                return
+            try:
+                work()
+            except StorageError as exc:
+                log.error("%s: op %d failed: %s", self.name, submission.op_id, exc)
+                self.complete(submission, Status.FAILED)
+
+        task = Task(
+            _PRIORITY[Op(submission.op)],
+            self.session_id,
+            submission.deadline_ns,
+            data_bytes,
+            run,
+            lambda status: self.complete(submission, Status(status)),
+        )
+        if not self._scheduler.submit(task):
+            self.complete(submission, Status.REJECTED)
+
+    def _finish_with_results(
+        self, submission: Submission, arena: memoryview, results: list[bool]
+    ) -> None:
+        arena[: len(results)] = bytes(results)
+        self.complete(submission, Status.OK, result_bytes=len(results))
+
+
+def _reset(eventfd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        os.eventfd_read(eventfd)

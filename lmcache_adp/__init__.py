@@ -1,0 +1,9 @@
+"""lmcache-adp's LMCache plugin: load it with
+
+``--l2-adapter '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector",
+"adapter_params":{"socket_path":"/tmp/lmcache-adp/gateway.sock"}}'``
+"""
+
+from lmcache_adp.connector import ADPConnector
+
+__all__ = ["ADPConnector"]

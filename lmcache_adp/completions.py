@@ -1,0 +1,38 @@
+"""The completion queue LMCache drains: an eventfd plus a list of 4-tuples.
+
+LMCache polls ``fd`` level-triggered and never reads it, so ``drain`` resets it before taking the
+queue; a producer that pushes after the reset makes it readable again, so no wakeup is lost.
+Every tuple is built here, so the shape LMCache requires is enforced in one place:
+``(future_id: int, ok: bool, error: str, per_key: list[bool] | None)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+Completion = tuple[int, bool, str, list[bool] | None]
+
+
+class CompletionQueue:
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._lock = threading.Lock()
+        self._items: list[Completion] = []
+
+    def push(self, future_id: int, ok: bool, error: str, per_key: list[bool]) -> None:
+        item = (int(future_id), bool(ok), str(error), [bool(b) for b in per_key])
+        with self._lock:
+            self._items.append(item)
+        os.eventfd_write(self.fd, 1)
+
+    def drain(self) -> list[Completion]:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)
+        with self._lock:
+            items, self._items = self._items, []
+        return items
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -1,0 +1,51 @@
+"""The plugin's ``adapter_params``, checked field by field.
+
+plugin_manifest.yaml documents the same fields; tests/unit/test_manifest.py keeps them in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import fields
+
+DEFAULT_SOCKET = "/tmp/lmcache-adp/gateway.sock"
+
+
+@dataclass(frozen=True)
+class ADPParams:
+    socket_path: str = field(
+        default=DEFAULT_SOCKET,
+        metadata={"help": "Unix socket of the gateway (adp-gateway serve --socket)"},
+    )
+    tenant: str = field(
+        default="default",
+        metadata={"help": "tenant name sent at the handshake; objects are namespaced by it"},
+    )
+    op_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "minimum": 0.001,
+            "help": "every op completes (as a failure or miss) within this",
+        },
+    )
+    reconnect_interval_s: float = field(
+        default=1.0,
+        metadata={
+            "minimum": 0.01,
+            "help": "pause between attempts to reach a gateway that is down",
+        },
+    )
+    pending_ops_max: int = field(
+        default=65536,
+        metadata={
+            "minimum": 1,
+            "help": "objects waiting for ring slots; beyond it new ops fail at once",
+        },
+    )
+
+
+def parse(params: Mapping[str, Any]) -> ADPParams:
+    return fields.build(ADPParams, params, where="lmcache_adp adapter_params")

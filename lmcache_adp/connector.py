@@ -1,0 +1,367 @@
+"""``ADPConnector``: LMCache's native_plugin L2 adapter, forwarding to the storage gateway.
+
+Contract with LMCache (shared/reference/lmcache-native-plugin.md, section 1):
+
+- ``submit_batch_*`` run under LMCache's adapter lock: they only enqueue and return a future id.
+- Every future completes exactly once, as ``(future_id, ok, error, per_key_bools)`` with one bool
+  per key, within ``op_timeout_s`` whatever the gateway does (alive, dead, hung, restarting).
+- Buffers (L1 memory) are touched only by this plugin's I/O thread and only until their future
+  is reported: a store's bytes are copied into the transfer window when it is submitted to the
+  gateway, a load's bytes are copied out of the window when the gateway has verified them. An
+  expired future is reported first and its late gateway completion then only frees the window.
+- When the gateway is down, every op completes at once as a failure or a miss, and a background
+  thread keeps trying to connect; LMCache keeps serving from L1 meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gateway.errors import GatewayError
+from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Hello, Op, Status, encode_keys
+from gateway.ring.layout import Completion
+from lmcache_adp import config
+from lmcache_adp.completions import CompletionQueue
+from lmcache_adp.link import GatewayLink, Request
+
+log = logging.getLogger("lmcache_adp")
+HANDSHAKE_TIMEOUT_S = 2.0
+# Keys of an EXISTS or DELETE travel in runs of at most this many msgpack bytes, which every
+# gateway arena holds (session_arena_size is at least 64 KiB).
+RUN_BYTES_MAX = 64 * 2**10 - 16
+_KEY_OVERHEAD_BYTES = 5  # msgpack's str header
+IDLE_POLL_MS = 200
+
+
+@dataclass
+class _Batch:
+    future_id: int
+    op: Op
+    keys: list[str]
+    buffers: list[memoryview] | None
+    deadline_ns: int
+    results: list[bool] = field(default_factory=list)
+    remaining: int = 0
+    failed: bool = False
+    done: bool = False
+
+
+class ADPConnector:
+    """The seven methods LMCache's native_plugin wrapper calls; see the module docstring."""
+
+    def __init__(self, **params: object) -> None:
+        self._params = config.parse(params)
+        self._hello = Hello(tenant=self._params.tenant, client=f"lmcache pid {os.getpid()}")
+        self._completions = CompletionQueue()
+        self._future_ids = itertools.count(1)
+        self._op_ids = itertools.count(1)
+        self._incoming: deque[_Batch] = deque()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._stopping = threading.Event()
+        self._want_link = threading.Event()
+        self._want_link.set()
+        self._new_links: deque[GatewayLink] = deque()
+        self._io = _IOLoop(self)
+        self._threads = [
+            threading.Thread(target=self._io.run, name="adp-io", daemon=True),
+            threading.Thread(target=self._connect_loop, name="adp-connect", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # The native_plugin surface -------------------------------------------------------------
+
+    def event_fd(self) -> int:
+        return self._completions.fd
+
+    def submit_batch_set(self, keys: list[str], memviews: list[memoryview]) -> int:
+        return self._submit(Op.SET, keys, memviews)
+
+    def submit_batch_get(self, keys: list[str], memviews: list[memoryview]) -> int:
+        return self._submit(Op.GET, keys, memviews)
+
+    def submit_batch_exists(self, keys: list[str]) -> int:
+        return self._submit(Op.EXISTS, keys, None)
+
+    def submit_batch_delete(self, keys: list[str]) -> int:
+        try:
+            return self._submit(Op.DELETE, keys, None)
+        except Exception:  # LMCache's eviction thread dies on any exception from here
+            log.exception("delete of %d keys could not be queued", len(keys))
+            future_id = next(self._future_ids)
+            self._completions.push(
+                future_id, False, "delete could not be queued", [False] * len(keys)
+            )
+            return future_id
+
+    def drain_completions(self) -> list[tuple[int, bool, str, list[bool] | None]]:
+        return self._completions.drain()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._want_link.set()
+        os.eventfd_write(self._wake, 1)
+        for thread in self._threads:
+            thread.join()
+        self._io.shutdown()
+        while self._new_links:
+            self._new_links.popleft().close()
+        os.close(self._wake)
+        self._completions.close()
+
+    # Internals -----------------------------------------------------------------------------
+
+    def _submit(self, op: Op, keys: list[str], memviews: list[memoryview] | None) -> int:
+        future_id = next(self._future_ids)
+        keys = [str(k) for k in keys]
+        deadline_ns = time.monotonic_ns() + int(self._params.op_timeout_s * 1e9)
+        buffers = None if memviews is None else [m.cast("B") for m in memviews]
+        batch = _Batch(future_id, op, keys, buffers, deadline_ns, [False] * len(keys))
+        if (buffers is not None and len(buffers) != len(keys)) or self._stopping.is_set():
+            self._completions.push(future_id, False, "bad batch or closed", batch.results)
+            return future_id
+        self._incoming.append(batch)
+        os.eventfd_write(self._wake, 1)
+        return future_id
+
+    def _connect_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._want_link.wait()
+            if self._stopping.is_set():
+                return
+            try:
+                link = GatewayLink.connect(
+                    self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S
+                )
+            except (OSError, GatewayError) as exc:
+                log.debug("gateway at %s not reachable: %s", self._params.socket_path, exc)
+                self._stopping.wait(self._params.reconnect_interval_s)
+                continue
+            log.info(
+                "connected to the gateway at %s (session %d)",
+                self._params.socket_path,
+                link.welcome.session_id,
+            )
+            self._want_link.clear()
+            self._new_links.append(link)
+            os.eventfd_write(self._wake, 1)
+
+
+class _IOLoop:
+    """The plugin's one I/O thread: it alone touches the link, the window and L1 buffers."""
+
+    def __init__(self, owner: ADPConnector) -> None:
+        self._owner = owner
+        self._link: GatewayLink | None = None
+        self._pending: deque[Request] = deque()
+        self._active: dict[int, _Batch] = {}
+
+    def run(self) -> None:
+        owner = self._owner
+        while not owner._stopping.is_set():
+            self._wait()
+            try:
+                self._step()
+            except GatewayError as exc:
+                log.error("gateway link broken: %s", exc)
+                self._drop_link()
+        self._fail_everything("the plugin is closing")
+
+    def shutdown(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def _wait(self) -> None:
+        poller = select.poll()
+        poller.register(self._owner._wake, select.POLLIN)
+        if self._link is not None:
+            poller.register(self._link.complete_fd, select.POLLIN)
+            poller.register(self._link.sock_fd, select.POLLIN)
+        poller.poll(self._timeout_ms())
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._owner._wake)
+
+    def _timeout_ms(self) -> int:
+        if not self._active:
+            return IDLE_POLL_MS
+        soonest = min(b.deadline_ns for b in self._active.values())
+        return max(0, min(IDLE_POLL_MS, (soonest - time.monotonic_ns()) // 1_000_000 + 1))
+
+    def _step(self) -> None:
+        owner = self._owner
+        while owner._new_links:
+            self._drop_link()
+            self._link = owner._new_links.popleft()
+        if self._link is not None and not self._link.alive():
+            log.warning("the gateway went away; ops fail until it is back")
+            self._drop_link()
+        while owner._incoming:
+            self._accept(owner._incoming.popleft())
+        if self._link is not None:
+            for completion, request in self._link.completions():
+                self._finish(request, completion)
+            self._submit_pending()
+        elif self._pending:
+            self._fail_everything("the gateway is not connected")
+        self._expire()
+
+    def _accept(self, batch: _Batch) -> None:
+        requests = list(_split(batch))
+        self._active[batch.future_id] = batch
+        if len(self._pending) + len(requests) > self._owner._params.pending_ops_max:
+            log.warning(
+                "%d ops are waiting for the gateway; failing a new %s of %d keys",
+                len(self._pending),
+                batch.op.name,
+                len(batch.keys),
+            )
+            batch.failed = True
+            requests = []
+        batch.remaining = len(requests)
+        self._pending.extend(requests)
+        if batch.remaining == 0:
+            self._report(batch)
+
+    def _submit_pending(self) -> None:
+        link = self._link
+        assert link is not None
+        submitted = False
+        while self._pending:
+            request = self._pending[0]
+            batch: _Batch = request.batch
+            if batch.done:
+                self._pending.popleft()
+                continue
+            if request.data_bytes > link.welcome.object_bytes_max:
+                self._pending.popleft()
+                self._settle(request, Status.REJECTED)
+                continue
+            if not link.try_reserve(request):
+                break
+            self._pending.popleft()
+            if request.op == Op.SET:
+                assert batch.buffers is not None
+                _copy(link.extent(request), batch.buffers[request.first])
+            link.submit(
+                next(self._owner._op_ids), request, encode_keys(request.keys), batch.deadline_ns
+            )
+            submitted = True
+        if submitted:
+            link.ring()
+
+    def _finish(self, request: Request, completion: Completion) -> None:
+        link = self._link
+        assert link is not None
+        batch: _Batch = request.batch
+        status = (
+            Status(completion.status)
+            if completion.status in Status._value2member_map_
+            else Status.FAILED
+        )
+        if not batch.done:
+            if status == Status.OK and request.op == Op.GET:
+                assert batch.buffers is not None
+                _copy(batch.buffers[request.first], link.extent(request))
+            results = None
+            if status == Status.OK and request.op in (Op.EXISTS, Op.DELETE):
+                count = min(completion.result_bytes, len(request.keys))
+                results = [b == 1 for b in bytes(link.arena(request)[:count])]
+            self._settle(request, status, results)
+        link.release(request)
+
+    def _settle(self, request: Request, status: Status, results: list[bool] | None = None) -> None:
+        """Record a request's outcome in its batch; report the batch when it is the last one."""
+        batch: _Batch = request.batch
+        if batch.done:
+            return
+        if status == Status.OK:
+            values = results if results is not None else [True] * len(request.keys)
+            batch.results[request.first : request.first + len(values)] = values
+        elif status != Status.MISS:
+            batch.failed = True
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            self._report(batch)
+
+    def _report(self, batch: _Batch) -> None:
+        batch.done = True
+        self._active.pop(batch.future_id, None)
+        ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
+        error = "" if ok else f"{batch.op.name} failed for some keys"
+        self._owner._completions.push(batch.future_id, ok, error, batch.results)
+
+    def _expire(self) -> None:
+        now = time.monotonic_ns()
+        for batch in [b for b in self._active.values() if b.deadline_ns <= now]:
+            log.warning(
+                "%s of %d keys timed out after %.1f s",
+                batch.op.name,
+                len(batch.keys),
+                self._owner._params.op_timeout_s,
+            )
+            batch.failed = True
+            self._report(batch)
+
+    def _drop_link(self) -> None:
+        link, self._link = self._link, None
+        if link is None:
+            return
+        for request in link.inflight.values():
+            self._settle(request, Status.FAILED)
+        link.close()
+        self._owner._want_link.set()
+
+    def _fail_everything(self, why: str) -> None:
+        self._drop_link()
+        for request in self._pending:
+            self._settle(request, Status.FAILED)
+        self._pending.clear()
+        for batch in list(self._active.values()):
+            log.debug("%s: failing future %d", why, batch.future_id)
+            batch.failed = True
+            self._report(batch)
+
+
+def _split(batch: _Batch) -> Iterator[Request]:
+    """Ring requests for a batch: one per object, or runs of keys that fit an arena.
+
+    A key longer than the protocol allows is left out: it stays a miss (False).
+    """
+    if batch.buffers is not None:
+        for i, (key, buf) in enumerate(zip(batch.keys, batch.buffers, strict=True)):
+            if len(key.encode()) <= KEY_BYTES_MAX:
+                yield Request(batch.op, [key], i, batch, data_bytes=buf.nbytes)
+        return
+    run: list[str] = []
+    run_bytes = first = 0
+    for i, key in enumerate(batch.keys):
+        key_bytes = len(key.encode()) + _KEY_OVERHEAD_BYTES
+        full = run_bytes + key_bytes > RUN_BYTES_MAX or len(run) == KEYS_PER_REQUEST_MAX
+        if run and (full or key_bytes > KEY_BYTES_MAX + _KEY_OVERHEAD_BYTES):
+            yield Request(batch.op, run, first, batch)
+            run, run_bytes = [], 0
+        if key_bytes > KEY_BYTES_MAX + _KEY_OVERHEAD_BYTES:
+            continue
+        if not run:
+            first = i
+        run.append(key)
+        run_bytes += key_bytes
+    if run:
+        yield Request(batch.op, run, first, batch)
+
+
+def _copy(destination: memoryview, source: memoryview) -> None:
+    """One memcpy with the GIL released (numpy does so for large copies)."""
+    np.copyto(np.frombuffer(destination, np.uint8), np.frombuffer(source, np.uint8))

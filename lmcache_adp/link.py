@@ -1,0 +1,143 @@
+"""The plugin's side of one gateway session: handshake, shared memory, slots and window.
+
+A ``GatewayLink`` is used by the connector's I/O thread only (not thread-safe). When the gateway
+dies the link is dropped whole and a new one is made by a new handshake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import ProtocolError
+from gateway.protocol import Hello, Op, Welcome, hello_body, parse_welcome, recv_frame, send_frame
+from gateway.ring.layout import Completion, RingLayout, Submission, map_shared
+from gateway.ring.queue import completion_consumer, submission_producer
+from lmcache_adp.window import WindowAllocator
+
+
+@dataclass
+class Request:
+    """One ring op: a single object (GET/SET) or a run of keys (EXISTS/DELETE)."""
+
+    op: Op
+    keys: list[str]
+    first: int  # index in its batch of keys[0]
+    batch: Any  # the connector's batch this request belongs to
+    data_bytes: int = 0
+    slot: int = -1
+    data_offset: int = -1
+
+
+class GatewayLink:
+    def __init__(self, sock: socket.socket, welcome: Welcome, fds: list[int]) -> None:
+        memfd, self.submit_fd, self.complete_fd = fds
+        self.welcome = welcome
+        self._sock = sock
+        self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
+        try:
+            self._mapping = map_shared(memfd, self.layout)
+        finally:
+            os.close(memfd)
+        self.memory = memoryview(self._mapping)
+        self.window = self.layout.window(self.memory)
+        self._submissions = submission_producer(self.memory, self.layout)
+        self._completions = completion_consumer(self.memory, self.layout)
+        self._free_slots = list(range(welcome.slots - 1, -1, -1))
+        self.allocator = WindowAllocator(welcome.window_bytes)
+        self.inflight: dict[int, Request] = {}  # op_id -> request
+
+    @classmethod
+    def connect(cls, path: str, hello: Hello, timeout_s: float) -> GatewayLink:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(path)
+            send_frame(sock, hello_body(hello))
+            body, fds = recv_frame(sock, fds_max=3)
+            welcome = parse_welcome(body)
+            if len(fds) != 3:
+                raise ProtocolError(f"the gateway sent {len(fds)} fds with its welcome, not 3")
+            sock.settimeout(None)
+            return cls(sock, welcome, fds)
+        except BaseException:
+            sock.close()
+            raise
+
+    @property
+    def sock_fd(self) -> int:
+        return self._sock.fileno()
+
+    def alive(self) -> bool:
+        """False once the gateway closed its end (it died or dropped us)."""
+        try:
+            return self._sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def try_reserve(self, request: Request) -> bool:
+        """Take a slot (and a window extent for data ops); False when none is free."""
+        if not self._free_slots:
+            return False
+        if request.op in (Op.GET, Op.SET):
+            offset = self.allocator.allocate(request.data_bytes)
+            if offset is None:
+                return False
+            request.data_offset = offset
+        request.slot = self._free_slots.pop()
+        return True
+
+    def extent(self, request: Request) -> memoryview:
+        return self.window[request.data_offset : request.data_offset + request.data_bytes]
+
+    def arena(self, request: Request) -> memoryview:
+        return self.layout.arena(self.memory, request.slot)
+
+    def submit(self, op_id: int, request: Request, payload: bytes, deadline_ns: int) -> None:
+        self.arena(request)[: len(payload)] = payload
+        entry = Submission(
+            op_id,
+            request.op,
+            0,
+            0,
+            request.slot,
+            len(payload),
+            0,
+            deadline_ns,
+            max(request.data_offset, 0),
+            request.data_bytes,
+        )
+        # The queue cannot be full: it has as many entries as there are slots.
+        pushed = self._submissions.push(entry)
+        assert pushed
+        self.inflight[op_id] = request
+
+    def ring(self) -> None:
+        os.eventfd_write(self.submit_fd, 1)
+
+    def completions(self) -> list[tuple[Completion, Request]]:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.complete_fd)
+        out = []
+        for completion in self._completions.pop_all():
+            request = self.inflight.pop(completion.op_id, None)
+            if request is None or request.slot != completion.slot:
+                raise ProtocolError(f"completion for unknown op {completion.op_id}")
+            out.append((completion, request))
+        return out
+
+    def release(self, request: Request) -> None:
+        """Give back the request's slot and extent (only once the gateway is done with them)."""
+        self._free_slots.append(request.slot)
+        if request.data_offset >= 0:
+            self.allocator.release(request.data_offset, request.data_bytes)
+
+    def close(self) -> None:
+        self._sock.close()
+        os.close(self.submit_fd)
+        os.close(self.complete_fd)
