@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Launch the stock `lmcache server` with the lmcache-adp plugin as its L2 tier.
+#
+#   configs/lmcache-server.sh [--port 5555] [--http-port 8080] [--l1-size-gb 8]
+#                             [--eviction-policy LRU] [--socket PATH] [--tenant NAME]
+#                             [-- extra lmcache server flags]
+#
+# The gateway (adp-gateway serve) must use the same --socket; it may start before or after.
+# --supported-transfer-mode auto serves both GPU (lmcache_driven) and CPU (engine_driven) clients.
+# max_capacity_gb is 0: the gateway owns capacity and eviction, which survive restarts.
+set -euo pipefail
+PORT=5555 HTTP_PORT=8080 L1_GB=8 EVICTION=LRU SOCKET=/tmp/lmcache-adp/gateway.sock TENANT=default
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --port) PORT=$2; shift 2 ;;
+    --http-port) HTTP_PORT=$2; shift 2 ;;
+    --l1-size-gb) L1_GB=$2; shift 2 ;;
+    --eviction-policy) EVICTION=$2; shift 2 ;;
+    --socket) SOCKET=$2; shift 2 ;;
+    --tenant) TENANT=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "lmcache-server.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1
+l2='{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector",'
+l2+='"adapter_params":{"socket_path":"'"$SOCKET"'","tenant":"'"$TENANT"'"},"max_capacity_gb":0}'
+exec lmcache server --host localhost --port "$PORT" --http-port "$HTTP_PORT" \
+  --l1-size-gb "$L1_GB" --eviction-policy "$EVICTION" --chunk-size 256 \
+  --supported-transfer-mode auto --l2-adapter "$l2" "$@"

@@ -1,0 +1,174 @@
+"""Real processes for tests: a gateway, an LMCache MP server, and a plugin's completion waiter.
+
+Every process is started in its own session and stopped (or killed) by the fixture that made it,
+pass or fail. Waits are on conditions, each with a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ["LMCACHE_TRACK_USAGE"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def short_tmpdir() -> Path:
+    """A directory short enough for Unix socket paths (108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="adp-", dir="/tmp"))
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Process:
+    """A child process with its output in a log file."""
+
+    def __init__(self, name: str, log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, env=env, cwd=ROOT)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def send_signal(self, signum: int) -> None:
+        if self.alive:
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signum)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        self.send_signal(signum)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+class Gateway(Process):
+    def __init__(self, workdir: Path, capacity: str = "1GiB", *extra: str,
+                 data_dir: Path | None = None, socket_path: Path | None = None) -> None:
+        super().__init__("gateway", workdir / "gateway.log")
+        self.data_dir = data_dir or workdir / "data"
+        self.socket_path = socket_path or workdir / "gw.sock"
+        self.args = ["--data-dir", str(self.data_dir), "--socket", str(self.socket_path),
+                     "--capacity", capacity, *extra]
+
+    def start(self, wait: bool = True) -> Gateway:
+        mark = len(self.log())
+        self.spawn([str(BIN / "adp-gateway"), "serve", *self.args])
+        if wait:
+            wait_until(lambda: "listening on" in self.log()[mark:] or not self.alive, 60,
+                       "the gateway to listen")
+            assert self.alive, f"gateway exited:\n{self.log()}"
+        return self
+
+    def restart(self) -> Gateway:
+        self.stop()
+        return self.start()
+
+    def adapter_params(self, **extra: Any) -> dict[str, Any]:
+        return {"socket_path": str(self.socket_path), "op_timeout_s": 10.0, **extra}
+
+    def l2_adapter_json(self, **extra: Any) -> str:
+        return json.dumps({"type": "native_plugin", "module_path": "lmcache_adp",
+                           "class_name": "ADPConnector",
+                           "adapter_params": self.adapter_params(**extra), "max_capacity_gb": 0})
+
+
+class LMCacheServer(Process):
+    def __init__(self, workdir: Path, l2_adapter_json: str, tag: str = "") -> None:
+        super().__init__("lmcache server", workdir / f"lmcache-server{tag}.log")
+        self.port = free_port()
+        self.http_port = free_port()
+        self.l2_adapter_json = l2_adapter_json
+
+    def start(self) -> LMCacheServer:
+        self.spawn([str(BIN / "lmcache"), "server", "--host", "localhost", "--port",
+                    str(self.port), "--http-port", str(self.http_port), "--l1-size-gb", "1",
+                    "--eviction-policy", "LRU", "--chunk-size", "256",
+                    "--supported-transfer-mode", "auto", "--l2-adapter", self.l2_adapter_json])
+        wait_until(lambda: self.healthy() or not self.alive, 120, "lmcache server health")
+        assert self.alive, f"lmcache server exited:\n{self.log()[-4000:]}"
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.http_port}/healthcheck"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def status(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.http_port}/status"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return dict(json.load(response))
+
+    def stop(self, signum: int = signal.SIGINT, timeout_s: float = 30) -> int | None:
+        return super().stop(signum, timeout_s)
+
+
+def wait_for_future(connector: Any, future_id: int, timeout_s: float = 30) -> tuple[Any, ...]:
+    """Wait on the plugin's event fd the way LMCache does, until ``future_id`` completes.
+
+    Completions of other futures seen meanwhile are kept in ``connector._test_seen``.
+    """
+    seen: dict[int, tuple[Any, ...]] = connector.__dict__.setdefault("_test_seen", {})
+    deadline = time.monotonic() + timeout_s
+    while future_id not in seen:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"future {future_id} did not complete in {timeout_s} s")
+        ready, _, _ = select.select([connector.event_fd()], [], [], min(remaining, 0.5))
+        if ready:
+            for item in connector.drain_completions():
+                seen[item[0]] = item
+    return seen.pop(future_id)
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,44 @@
+"""Build a store over real or in-memory devices, and page-aligned object buffers."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+
+from gateway.backends.base import Device
+from gateway.backends.filedevice import FileDevice
+from gateway.backends.memory import MemoryDevice
+from gateway.backends.regionlog import RegionLog
+from gateway.ring.layout import align_up
+from gateway.store import Store
+
+REGION = 256 * 2**10
+FRAGMENT = 64 * 2**10
+
+
+def make_devices(kind: str, tmp_path: Path, count: int, size: int) -> list[Device]:
+    if kind == "memory":
+        return [MemoryDevice(size) for _ in range(count)]
+    return [FileDevice(str(tmp_path / f"db{i}.adp"), size) for i in range(count)]
+
+
+def open_store(devices: list[Device], sync: bool = True) -> Store:
+    holder: list[Store] = []
+    region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r))
+    store = Store(region_log, FRAGMENT, sync=sync)
+    holder.append(store)
+    store.recover()
+    return store
+
+
+def extent(data: bytes) -> memoryview:
+    """A page-aligned buffer holding ``data``, padded to 4 KiB (as the transfer window is)."""
+    buf = memoryview(mmap.mmap(-1, align_up(max(len(data), 1))))
+    buf[: len(data)] = data
+    return buf
+
+
+def payload(seed: int, size: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()

@@ -1,0 +1,120 @@
+"""Goal: configs and adapter params are checked field by field, with errors that name the field,
+and the documented files (gateway.yaml, plugin_manifest.yaml) agree with the code."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway import config as gateway_config
+from gateway import fields
+from gateway.config import GatewayConfig
+from gateway.errors import ConfigError, StartupError
+from gateway.units import parse_size
+from lmcache_adp.config import ADPParams, parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("4096", 4096), ("64GiB", 64 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+    ("4k", 4096), (123, 123),
+])
+def test_sizes_parse(text: str | int, expected: int) -> None:
+    assert parse_size(text, "capacity") == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "12XB", "-4", True, -1])
+def test_bad_sizes_name_the_field(text: str | int) -> None:
+    with pytest.raises(ConfigError, match="capacity"):
+        parse_size(text, "capacity")
+
+
+def test_unknown_param_is_named_with_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match="unknown key 'socketpath'.*did you mean 'socket_path'"):
+        parse({"socketpath": "/x"})
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("op_timeout_s", "10"), ("op_timeout_s", True), ("tenant", 3), ("pending_ops_max", 1.5),
+    ("op_timeout_s", 0), ("socket_path", None),
+])
+def test_mistyped_param_is_named(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"adapter_params.{key}"):
+        parse({key: value})
+
+
+def test_ints_are_accepted_for_floats() -> None:
+    assert parse({"op_timeout_s": 3}).op_timeout_s == 3.0
+
+
+def test_manifest_documents_exactly_the_params_with_their_defaults() -> None:
+    manifest = yaml.safe_load((ROOT / "plugin_manifest.yaml").read_text())
+    assert manifest["type"] == "native_plugin"
+    assert manifest["module_path"] == "lmcache_adp"
+    assert manifest["class_name"] == "ADPConnector"
+    assert {"lmcache", "vllm"} <= set(manifest["supported_versions"])
+    documented = {k: (v["type"], v["default"]) for k, v in manifest["adapter_params"].items()}
+    assert documented == fields.describe(ADPParams)
+    for key, (_, default) in documented.items():  # every documented param is accepted as such
+        assert getattr(parse({key: default}), key) == default
+    assert all(v["description"] for v in manifest["adapter_params"].values())
+
+
+def test_gateway_yaml_documents_every_key_with_the_defaults() -> None:
+    text = (ROOT / "configs" / "gateway.yaml").read_text()
+    documented = yaml.safe_load(text)
+    names = [f.name for f in dataclasses.fields(GatewayConfig)]
+    assert sorted(documented) == sorted(names)
+    loaded = gateway_config.load(str(ROOT / "configs" / "gateway.yaml"), {})
+    assert loaded == GatewayConfig()
+    for name in names:  # each key has a comment line right above it
+        before = text.split(f"\n{name}:")[0].rstrip().splitlines()[-1]
+        assert before.startswith("#"), name
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text("capacity: 8GiB\nsocket: /tmp/a.sock\nio_threads: 2\n")
+    config = gateway_config.load(str(path), {"socket": "/tmp/b.sock", "capacity": None,
+                                             "data_dirs": "/data"})
+    assert (config.socket, config.capacity, config.io_threads) == ("/tmp/b.sock", 8 * 2**30, 2)
+    assert config.data_dirs == ["/data"]
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("fragment_size: 5000\n", "multiple of 4 KiB"),
+    ("fragment_size: 64MiB\n", "must fit in region_size"),
+    ("sync: sometimes\n", "sync"),
+    ("io_threads: 0\n", "io_threads: must be at least 1"),
+    ("- a\n- b\n", "mapping"),
+    ("capacity: [1\n", "not valid YAML"),
+])
+def test_bad_config_files_are_named(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        gateway_config.load(str(path), {})
+
+
+def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = gateway_config.load(None, {"data_dirs": str(blocker / "data")})
+    with pytest.raises(StartupError, match="cannot create data dir .*--data-dir"):
+        gateway_config.resolve_capacity(config)
+
+
+def test_capacity_above_free_space_is_refused(tmp_path: Path) -> None:
+    config = gateway_config.load(None, {"data_dirs": str(tmp_path), "capacity": "900TiB"})
+    with pytest.raises(StartupError, match="capacity is 900.0 TiB but .* lower `capacity`"):
+        gateway_config.resolve_capacity(config)
+
+
+def test_default_capacity_is_derived_from_free_space(tmp_path: Path) -> None:
+    config = gateway_config.resolve_capacity(gateway_config.load(None, {"data_dirs": str(tmp_path)}))
+    assert config.capacity is not None
+    assert 0 < config.capacity <= gateway_config.AUTO_CAPACITY_BYTES_MAX

@@ -1,0 +1,102 @@
+"""Goal: the store never returns wrong bytes, survives restarts with a consistent index, keeps
+within its capacity and honours deletes, on every device kind and with several databases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.backends.base import Device
+from gateway.backends.memory import MemoryDevice
+from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
+
+SIZE = 4096 + 8 * REGION
+
+
+@pytest.fixture(params=[("memory", 1), ("file", 1), ("file", 2)], ids=["mem", "file", "file2"])
+def devices(request: pytest.FixtureRequest, tmp_path: Path) -> list[Device]:
+    kind, count = request.param
+    return make_devices(kind, tmp_path, count, SIZE)
+
+
+def read(store: object, key: str, size: int) -> bytes | None:
+    out = extent(bytes(size))
+    return bytes(out[:size]) if store.get("t", key, out, size) else None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 100_003, 200 * 2**10])
+def test_round_trip_of_odd_and_multi_fragment_sizes(devices: list[Device], size: int) -> None:
+    store = open_store(devices)
+    data = payload(size, size)
+    store.put("t", "k", extent(data), size)
+    assert store.exists("t", ["k", "other"]) == [True, False]
+    assert read(store, "k", size) == data
+    assert read(store, "k", size + 1) is None  # a length mismatch is a miss
+
+
+def test_restart_rebuilds_the_index(devices: list[Device]) -> None:
+    store = open_store(devices)
+    objects = {f"k{i}": payload(i, 30_000 + i) for i in range(10)}
+    for key, data in objects.items():
+        store.put("t", key, extent(data), len(data))
+    store.delete("t", ["k3"])
+    reopened = open_store(devices)
+    assert reopened.exists("t", list(objects)) == [k != "k3" for k in objects]
+    for key, data in objects.items():
+        if key != "k3":
+            assert read(reopened, key, len(data)) == data
+
+
+def test_corrupt_payload_is_a_miss_and_is_dropped() -> None:
+    device = MemoryDevice(SIZE)
+    store = open_store([device])
+    data = payload(9, 50_000)
+    store.put("t", "k", extent(data), len(data))
+    location = store.index.get(("t", "k")).locations[0]  # type: ignore[union-attr]
+    device.corrupt(location.offset + 4096 + 1234)
+    assert read(store, "k", len(data)) is None
+    assert store.exists("t", ["k"]) == [False]
+    assert store.statistics().verify_failures == 1
+
+
+def test_tenants_do_not_see_each_other(devices: list[Device]) -> None:
+    store = open_store(devices)
+    store.put("a", "k", extent(b"x" * 100), 100)
+    assert store.exists("b", ["k"]) == [False]
+    assert store.delete("b", ["k"]) == [False]
+    assert store.exists("a", ["k"]) == [True]
+
+
+def test_writing_many_times_the_capacity_stays_bounded(devices: list[Device]) -> None:
+    store = open_store(devices)
+    capacity = store.statistics().capacity_bytes
+    size = 40_000
+    count = 5 * capacity // size
+    for i in range(count):
+        store.put("t", f"k{i}", extent(payload(i % 7, size)), size)
+        assert store.statistics().used_bytes <= capacity
+    stats = store.statistics()
+    assert 0 < stats.objects < count
+    newest = f"k{count - 1}"
+    assert read(store, newest, size) == payload((count - 1) % 7, size)
+    assert read(store, "k0", size) is None  # evicted long ago
+    assert open_store(devices).statistics().objects == stats.objects
+
+
+def test_delete_frees_the_key_and_survives_restart(devices: list[Device]) -> None:
+    store = open_store(devices)
+    store.put("t", "k", extent(b"y" * 5000), 5000)
+    assert store.delete("t", ["k", "never"]) == [True, False]
+    assert read(store, "k", 5000) is None
+    store.put("t", "k", extent(b"z" * 5000), 5000)  # stored again after the delete
+    assert read(open_store(devices), "k", 5000) == b"z" * 5000
+
+
+def test_same_key_same_length_is_not_written_twice(devices: list[Device]) -> None:
+    store = open_store(devices)
+    store.put("t", "k", extent(b"a" * 9000), 9000)
+    used = store.statistics().used_bytes
+    store.put("t", "k", extent(b"a" * 9000), 9000)
+    assert store.statistics().used_bytes == used
+    assert store.statistics().stores_skipped == 1
