@@ -1,0 +1,82 @@
+"""Goal: the shared-memory queues deliver entries in order, stop when full, and treat a peer's
+impossible counters as a protocol error rather than reading out of bounds."""
+
+from __future__ import annotations
+
+import mmap
+import struct
+
+import pytest
+
+from gateway.errors import ProtocolError
+from gateway.ring.layout import (
+    PAGE_BYTES,
+    SQ_TAIL,
+    RingLayout,
+    Submission,
+    create_shared,
+    map_shared,
+)
+from gateway.ring.queue import (
+    completion_consumer,
+    completion_producer,
+    submission_consumer,
+    submission_producer,
+)
+
+LAYOUT = RingLayout(slots=4, arena_bytes=64 * 2**10, window_bytes=16 * PAGE_BYTES)
+
+
+def shared() -> memoryview:
+    return memoryview(mmap.mmap(-1, LAYOUT.total_bytes))
+
+
+def entry(op_id: int) -> Submission:
+    return Submission(op_id, 1, 0, 0, op_id % 4, 10, 0, 123, 4096, 5000)
+
+
+def test_entries_arrive_in_order_and_the_queue_stops_when_full() -> None:
+    buf = shared()
+    producer, consumer = submission_producer(buf, LAYOUT), submission_consumer(buf, LAYOUT)
+    assert all(producer.push(entry(i)) for i in range(4))
+    assert not producer.push(entry(4))
+    assert consumer.pop_all() == [entry(i) for i in range(4)]
+    assert producer.push(entry(4)) and consumer.pop_all() == [entry(4)]
+    assert consumer.pop_all() == []
+
+
+def test_completion_queue_round_trips() -> None:
+    buf = shared()
+    producer, consumer = completion_producer(buf, LAYOUT), completion_consumer(buf, LAYOUT)
+    for _ in range(3):  # wraps around the ring
+        for i in range(3):
+            assert producer.push((i, i, 0, 0, 0, 2, 0, 77))  # type: ignore[arg-type]
+        assert [c.op_id for c in consumer.pop_all()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("tail", [5, 2**64 - 1])
+def test_consumer_refuses_an_impossible_tail(tail: int) -> None:
+    buf = shared()
+    consumer = submission_consumer(buf, LAYOUT)
+    struct.pack_into("<Q", buf, SQ_TAIL, tail)
+    with pytest.raises(ProtocolError, match="tail"):
+        consumer.pop_all()
+
+
+def test_producer_refuses_a_head_ahead_of_its_tail() -> None:
+    buf = shared()
+    producer = completion_producer(buf, LAYOUT)
+    struct.pack_into("<Q", buf, 192, 9)  # CQ_HEAD
+    with pytest.raises(ProtocolError, match="head"):
+        producer.push((1, 0, 0, 0, 0, 0, 0, 0))  # type: ignore[arg-type]
+
+
+def test_layout_is_page_aligned_and_checked_when_mapped() -> None:
+    assert LAYOUT.window_offset % PAGE_BYTES == 0 and LAYOUT.arenas_offset % PAGE_BYTES == 0
+    fd, mapping = create_shared(LAYOUT)
+    assert map_shared(fd, LAYOUT).size() == LAYOUT.total_bytes
+    with pytest.raises(ProtocolError, match="bytes"):
+        map_shared(fd, RingLayout(8, LAYOUT.arena_bytes, LAYOUT.window_bytes))
+    mapping[0:8] = b"XXXXXXXX"
+    with pytest.raises(ProtocolError, match="header"):
+        map_shared(fd, LAYOUT)
