@@ -98,11 +98,10 @@ class ADPConnector:
         try:
             return self._submit(Op.DELETE, keys, None)
         except Exception:  # LMCache's eviction thread dies on any exception from here
-            log.exception("delete of %d keys could not be queued", len(keys))
+            log.exception("a delete could not be queued")
             future_id = next(self._future_ids)
-            self._completions.push(
-                future_id, False, "delete could not be queued", [False] * len(keys)
-            )
+            count = len(keys) if isinstance(keys, list) else 0
+            self._completions.push(future_id, False, "delete could not be queued", [False] * count)
             return future_id
 
     def drain_completions(self) -> list[tuple[int, bool, str, list[bool] | None]]:

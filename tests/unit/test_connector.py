@@ -1,0 +1,197 @@
+"""Goal: the plugin keeps LMCache's native_plugin contract against a real gateway process:
+exact completion tuples, one bool per key, byte-exact data, and every op completed within
+op_timeout_s whether the gateway is up, absent, killed or hung."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from gateway.errors import ConfigError
+from lmcache_adp import ADPConnector
+from tests.support import Gateway, wait_for_future, wait_until
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., ADPConnector]]:
+    made: list[ADPConnector] = []
+
+    def make(gateway: Gateway, **params: object) -> ADPConnector:
+        connector = ADPConnector(**gateway.adapter_params(**params))
+        made.append(connector)
+        return connector
+
+    yield make
+    for connector in made:
+        connector.close()
+
+
+def objects(count: int, size: int, seed: int = 0) -> list[bytearray]:
+    rng = np.random.default_rng(seed)
+    return [bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes()) for _ in range(count)]
+
+
+def views(buffers: list[bytearray]) -> list[memoryview]:
+    return [memoryview(b) for b in buffers]
+
+
+def connected(connector: ADPConnector, timeout_s: float = 20) -> None:
+    """Wait until an EXISTS is answered by the gateway (not failed for lack of it)."""
+
+    def answered() -> bool:
+        return bool(wait_for_future(connector, connector.submit_batch_exists(["probe"]))[1])
+
+    wait_until(answered, timeout_s, "the plugin to reach the gateway")
+
+
+def check_shape(item: tuple[object, ...], future_id: int, keys: int) -> None:
+    assert len(item) == 4 and item[0] == future_id
+    assert type(item[1]) is bool and type(item[2]) is str
+    assert isinstance(item[3], list) and len(item[3]) == keys
+    assert all(type(b) is bool for b in item[3])
+
+
+@pytest.mark.parametrize("size", [256 * 2**10, 100_003, 4 * 2**20 + 5])
+def test_store_exists_load_delete_round_trip(gateway: Gateway, connect: Callable[..., ADPConnector],
+                                             size: int) -> None:
+    connector = connect(gateway)
+    connected(connector)
+    keys = [f"m@00000000@0@{i:064x}" for i in range(6)]
+    data = objects(len(keys), size)
+    fid = connector.submit_batch_set(keys, views(data))
+    item = wait_for_future(connector, fid)
+    check_shape(item, fid, len(keys))
+    assert item[1] is True
+
+    fid = connector.submit_batch_exists([*keys, "absent"])
+    item = wait_for_future(connector, fid)
+    check_shape(item, fid, len(keys) + 1)
+    assert item[3] == [True] * len(keys) + [False]
+
+    out = [bytearray(size) for _ in keys] + [bytearray(size)]
+    fid = connector.submit_batch_get([*keys, "absent"], views(out))
+    item = wait_for_future(connector, fid)
+    check_shape(item, fid, len(keys) + 1)
+    assert item[3] == [True] * len(keys) + [False]
+    assert out[: len(keys)] == data
+
+    fid = connector.submit_batch_delete([keys[0], "absent"])
+    item = wait_for_future(connector, fid)
+    check_shape(item, fid, 2)
+    assert item[3] == [True, False]
+    assert wait_for_future(connector, connector.submit_batch_exists(keys[:2]))[3] == [False, True]
+
+
+def test_a_batch_of_many_keys_spans_several_ring_requests(
+        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    connector = connect(gateway)
+    connected(connector)
+    keys = [f"model/name@00000000@0@{i:064x}" for i in range(3000)]
+    item = wait_for_future(connector, connector.submit_batch_exists(keys))
+    assert item[3] == [False] * 3000
+    data = objects(1, 4096)[0]
+    wait_for_future(connector, connector.submit_batch_set([keys[2500]], [memoryview(data)]))
+    item = wait_for_future(connector, connector.submit_batch_exists(keys))
+    assert [i for i, hit in enumerate(item[3]) if hit] == [2500]
+
+
+def test_load_of_wrong_size_is_a_miss_not_wrong_bytes(
+        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    connector = connect(gateway)
+    connected(connector)
+    wait_for_future(connector, connector.submit_batch_set(["k"], views(objects(1, 8192))))
+    out = bytearray(b"\x07" * 4096)
+    item = wait_for_future(connector, connector.submit_batch_get(["k"], [memoryview(out)]))
+    assert item[3] == [False] and out == bytearray(b"\x07" * 4096)
+
+
+def test_unknown_or_mistyped_params_raise_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="unknown key 'socket'"):
+        ADPConnector(socket="/x")
+    with pytest.raises(ConfigError, match="op_timeout_s"):
+        ADPConnector(op_timeout_s="fast")
+
+
+def test_without_a_gateway_ops_miss_at_once_then_work_when_it_starts(
+        make_gateway: Callable[..., Gateway], connect: Callable[..., ADPConnector]) -> None:
+    gateway = make_gateway()
+    connector = connect(gateway, reconnect_interval_s=0.1)
+    started = time.monotonic()
+    item = wait_for_future(connector, connector.submit_batch_exists(["a", "b"]))
+    assert item[3] == [False, False]
+    item = wait_for_future(connector, connector.submit_batch_set(["a"], views(objects(1, 4096))))
+    assert item[1] is False
+    assert time.monotonic() - started < 2  # misses come at once, not at the timeout
+    gateway.start()
+    connected(connector)
+    item = wait_for_future(connector, connector.submit_batch_set(["a"], views(objects(1, 4096))))
+    assert item[1] is True
+
+
+def test_gateway_killed_mid_traffic_completes_every_op_then_recovers(
+        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    timeout_s = 2.0
+    connector = connect(gateway, op_timeout_s=timeout_s, reconnect_interval_s=0.1)
+    connected(connector)
+    data = objects(8, 4 * 2**20)
+    futures = [connector.submit_batch_set([f"k{i}-{j}" for j in range(8)], views(data))
+               for i in range(6)]
+    gateway.send_signal(signal.SIGKILL)
+    submitted = time.monotonic()
+    futures.append(connector.submit_batch_exists(["k0-0"]))
+    for fid in futures:
+        item = wait_for_future(connector, fid, timeout_s=timeout_s + 5)
+        check_shape(item, fid, len(item[3]))
+    assert time.monotonic() - submitted < timeout_s + 1.0
+    gateway.proc.wait(10)  # type: ignore[union-attr]
+    gateway.start()
+    connected(connector)
+    item = wait_for_future(connector, connector.submit_batch_set(["after"], views(data[:1])))
+    assert item[1] is True
+
+
+def test_hung_gateway_ops_time_out_and_resume_after(
+        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    timeout_s = 1.0
+    connector = connect(gateway, op_timeout_s=timeout_s)
+    connected(connector)
+    data = objects(2, 2**20)
+    gateway.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        out = [bytearray(2**20) for _ in data]
+        fids = [connector.submit_batch_set(["x", "y"], views(data)),
+                connector.submit_batch_get(["x", "y"], views(out)),
+                connector.submit_batch_exists(["x"]), connector.submit_batch_delete(["x"])]
+        for fid in fids:
+            item = wait_for_future(connector, fid, timeout_s=timeout_s + 5)
+            assert item[1] is False or item[3] == [False] * len(item[3])
+        assert time.monotonic() - started < timeout_s + 1.0
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+    # The gateway wakes up with the stale ops: it expires them, and new ops work again.
+    item = wait_for_future(connector, connector.submit_batch_set(["z"], views(data[:1])))
+    assert item[1] is True
+    out = [bytearray(2**20)]
+    assert wait_for_future(connector, connector.submit_batch_get(["z"], views(out)))[3] == [True]
+    assert out[0] == data[0]
+
+
+def test_delete_never_raises(gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    connector = connect(gateway)
+    fid = connector.submit_batch_delete(None)  # type: ignore[arg-type]
+    item = wait_for_future(connector, fid)
+    assert item[1] is False
+
+
+def test_close_joins_and_completes_pending_ops(gateway: Gateway) -> None:
+    connector = ADPConnector(**gateway.adapter_params())
+    connected(connector)
+    fid = connector.submit_batch_set(["q"], views(objects(1, 2**20)))
+    connector.close()
+    assert connector._io._link is None  # noqa: SLF001 - the link is closed, threads are joined
+    assert fid > 0

@@ -1,0 +1,142 @@
+"""Goal: the gateway process refuses bad configs and environments with one clear line, stops
+cleanly on SIGTERM, and drops a client that writes garbage into its ring while serving others."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.protocol import Hello, hello_body, parse_welcome, recv_frame, send_frame
+from gateway.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
+from lmcache_adp import ADPConnector
+from tests.support import BIN, Gateway, wait_for_future, wait_until
+from tests.unit.test_connector import connected, objects, views
+
+
+def run_gateway(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "adp-gateway"), "serve", *args], capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("adp-gateway:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_socket_served_by_a_live_gateway_is_refused(gateway: Gateway, workdir: Path) -> None:
+    result = run_gateway("--data-dir", str(workdir / "other"), "--socket",
+                         str(gateway.socket_path), "--capacity", "256MiB")
+    assert "already served by a live gateway" in one_line_error(result)
+    assert gateway.alive
+
+
+def test_unwritable_data_dir_is_refused(workdir: Path) -> None:
+    (workdir / "file").write_text("")
+    result = run_gateway("--data-dir", str(workdir / "file" / "data"), "--socket",
+                         str(workdir / "s.sock"))
+    assert "cannot create data dir" in one_line_error(result)
+
+
+def test_capacity_above_free_space_is_refused(workdir: Path) -> None:
+    result = run_gateway("--data-dir", str(workdir / "d"), "--socket", str(workdir / "s.sock"),
+                         "--capacity", "5000TiB")
+    assert "lower `capacity` or free space" in one_line_error(result)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("capacty: 1GiB\n", "unknown key 'capacty'; did you mean 'capacity'"),
+    ("capacity: lots\n", "capacity: cannot read 'lots' as a size"),
+])
+def test_bad_config_file_is_refused(workdir: Path, text: str, match: str) -> None:
+    (workdir / "g.yaml").write_text(text)
+    result = run_gateway("--config", str(workdir / "g.yaml"), "--data-dir", str(workdir / "d"))
+    assert match in one_line_error(result)
+
+
+def test_sigterm_stops_cleanly_and_removes_the_socket(gateway: Gateway) -> None:
+    assert gateway.stop(signal.SIGTERM) == 0
+    assert "gateway stopped" in gateway.log()
+    assert not gateway.socket_path.exists()
+
+
+def test_restart_after_sigkill_takes_over_the_stale_socket(gateway: Gateway) -> None:
+    gateway.kill()
+    assert gateway.socket_path.exists()
+    gateway.start()
+    assert gateway.alive
+
+
+def hostile_client(socket_path: Path) -> tuple[socket.socket, memoryview, int, RingLayout]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(socket_path))
+    send_frame(sock, hello_body(Hello(tenant="evil")))
+    body, fds = recv_frame(sock, fds_max=3)
+    welcome = parse_welcome(body)
+    layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
+    memory = memoryview(map_shared(fds[0], layout))
+    return sock, memory, fds[1], layout
+
+
+@pytest.mark.parametrize("garbage", ["random", "slot", "window", "tail", "keys"])
+def test_garbage_in_a_ring_drops_only_that_session(gateway: Gateway, garbage: str) -> None:
+    good = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(good)
+        sock, memory, doorbell, layout = hostile_client(gateway.socket_path)
+        rng = random.Random(garbage)
+        entry = [1, 1, 0, 0, 0, 0, 0, 2**63, 0, 4096]  # a GET of slot 0 with no keys
+        if garbage == "random":
+            memory[layout.sq_offset : layout.sq_offset + 64] = rng.randbytes(64)
+        elif garbage == "slot":
+            entry[4] = layout.slots + 5
+        elif garbage == "window":
+            entry[8], entry[9] = layout.window_bytes - 4096, 8192
+        elif garbage == "keys":
+            arena = layout.arenas_offset
+            memory[arena : arena + 16] = rng.randbytes(16)
+            entry[5] = 16
+        if garbage not in ("random",):
+            SUBMISSION.pack_into(memory, layout.sq_offset, *entry)
+        tail = 2**40 if garbage == "tail" else 1
+        struct.pack_into("<Q", memory, SQ_TAIL, tail)
+        os.eventfd_write(doorbell, 1)
+        sock.settimeout(10)
+        assert sock.recv(1) == b""  # the gateway hung up on us
+        wait_until(lambda: "dropping the session" in gateway.log(), 10, "the drop to be logged")
+        data = objects(2, 65536)
+        item = wait_for_future(good, good.submit_batch_set(["a", "b"], views(data)))
+        assert item[1] is True
+        assert gateway.alive
+    finally:
+        good.close()
+
+
+def test_refused_handshake_reaches_the_client_as_a_clear_error(gateway: Gateway) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(gateway.socket_path))
+    send_frame(sock, {"protocol": 99, "tenant": "t"})
+    body, _ = recv_frame(sock)
+    assert body["ok"] is False and "protocol 99" in body["error"]
+    sock.close()
+
+
+def test_module_entry_point_prints_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "gateway", "--help"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0 and "serve" in result.stdout
+
+
+def test_cli_usage_error_is_not_a_traceback(make_gateway: Callable[..., Gateway]) -> None:
+    result = run_gateway("--capacity")
+    assert result.returncode == 2 and "Traceback" not in result.stderr

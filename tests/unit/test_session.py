@@ -1,0 +1,79 @@
+"""Goal: a session checks every descriptor against its own state: a slot reused while in flight
+or a window range outside the window is a protocol error, and completions reach the client."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.backends.memory import MemoryDevice
+from gateway.errors import ProtocolError
+from gateway.protocol import Op, Status, encode_keys
+from gateway.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
+from gateway.ring.queue import completion_consumer
+from gateway.scheduler import Scheduler
+from gateway.session import Session
+from tests.unit.storage_helpers import REGION, open_store
+
+LAYOUT = RingLayout(slots=4, arena_bytes=64 * 2**10, window_bytes=8 * PAGE_BYTES)
+FAR = 2**63
+
+
+@pytest.fixture
+def session() -> Iterator[tuple[Session, Scheduler, memoryview]]:
+    store = open_store([MemoryDevice(4096 + 4 * REGION)])
+    scheduler = Scheduler(10**9)  # no I/O threads: queued ops stay in flight
+    ours, theirs = socket.socketpair()
+    session = Session(1, ours, "t", "test", LAYOUT, store, scheduler, lambda s: None)
+    _, fds = session.welcome(LAYOUT.window_bytes)
+    client_memory = memoryview(map_shared(os.dup(fds[0]), LAYOUT))
+    yield session, scheduler, client_memory
+    session.close()
+    theirs.close()
+
+
+def submit(session: Session, memory: memoryview, op: Op, slot: int, keys: list[str],
+           offset: int = 0, size: int = 0, deadline: int = FAR) -> Submission:
+    payload = encode_keys(keys)
+    arena = LAYOUT.arena(memory, slot)
+    arena[: len(payload)] = payload
+    entry = Submission(slot + 100, op, 0, 0, slot, len(payload), 0, deadline, offset, size)
+    session._dispatch(entry)  # noqa: SLF001 - the unit under test
+    return entry
+
+
+def test_slot_reused_while_in_flight_is_refused(session: tuple[Session, Scheduler, memoryview]) -> None:
+    s, _, memory = session
+    submit(s, memory, Op.GET, 0, ["k"], 0, 4096)
+    with pytest.raises(ProtocolError, match="in flight"):
+        submit(s, memory, Op.GET, 0, ["k"], 4096, 4096)
+
+
+@pytest.mark.parametrize(("offset", "size"), [(100, 10), (7 * PAGE_BYTES, PAGE_BYTES + 1),
+                                              (2**40, 1)])
+def test_window_range_outside_the_window_is_refused(
+        session: tuple[Session, Scheduler, memoryview], offset: int, size: int) -> None:
+    s, _, memory = session
+    with pytest.raises(ProtocolError, match="window range"):
+        submit(s, memory, Op.SET, 1, ["k"], offset, size)
+
+
+def test_exists_is_answered_inline_and_expired_ops_complete_as_expired(
+        session: tuple[Session, Scheduler, memoryview]) -> None:
+    s, scheduler, memory = session
+    completions = completion_consumer(memory, LAYOUT)
+    submit(s, memory, Op.EXISTS, 2, ["a", "b"])
+    submit(s, memory, Op.GET, 3, ["a"], 0, 4096, deadline=1)
+    got = completions.pop_all()
+    assert [(c.slot, Status(c.status)) for c in got] == [(2, Status.OK), (3, Status.EXPIRED)]
+    assert bytes(LAYOUT.arena(memory, 2)[:2]) == b"\x00\x00"
+    assert scheduler.statistics().queued == (0, 0, 0)
+
+
+def test_data_op_with_two_keys_is_refused(session: tuple[Session, Scheduler, memoryview]) -> None:
+    s, _, memory = session
+    with pytest.raises(ProtocolError, match="one key"):
+        submit(s, memory, Op.SET, 0, ["a", "b"], 0, 10)
