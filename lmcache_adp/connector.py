@@ -70,8 +70,11 @@ class ADPConnector:
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stopping = threading.Event()
         self._want_link = threading.Event()
-        self._want_link.set()
         self._new_links: deque[GatewayLink] = deque()
+        # A gateway that is up serves the very first op; one that is not costs one refused
+        # connect here, and the plugin starts anyway (connecting in the background).
+        if not self._try_connect():
+            self._want_link.set()
         self._io = _IOLoop(self)
         self._threads = [
             threading.Thread(target=self._io.run, name="adp-io", daemon=True),
@@ -139,22 +142,22 @@ class ADPConnector:
             self._want_link.wait()
             if self._stopping.is_set():
                 return
-            try:
-                link = GatewayLink.connect(
-                    self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S
-                )
-            except (OSError, GatewayError) as exc:
-                log.debug("gateway at %s not reachable: %s", self._params.socket_path, exc)
+            if not self._try_connect():
                 self._stopping.wait(self._params.reconnect_interval_s)
-                continue
-            log.info(
-                "connected to the gateway at %s (session %d)",
-                self._params.socket_path,
-                link.welcome.session_id,
-            )
-            self._want_link.clear()
-            self._new_links.append(link)
-            os.eventfd_write(self._wake, 1)
+
+    def _try_connect(self) -> bool:
+        """One handshake; on success the I/O thread picks the link up at its next step."""
+        try:
+            link = GatewayLink.connect(self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S)
+        except (OSError, GatewayError) as exc:
+            log.debug("gateway at %s not reachable: %s", self._params.socket_path, exc)
+            return False
+        log.info("connected to the gateway at %s (session %d)", self._params.socket_path,
+                 link.welcome.session_id)
+        self._want_link.clear()
+        self._new_links.append(link)
+        os.eventfd_write(self._wake, 1)
+        return True
 
 
 class _IOLoop:

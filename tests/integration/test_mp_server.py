@@ -1,0 +1,96 @@
+"""Goal: the stock `lmcache server` with our plugin persists KV chunks through the gateway: they
+come back as L2 hits, byte-exact, after both the MP server and the gateway restart; the server
+runs without the gateway and picks it up later; and a gateway killed mid-traffic never stalls
+LMCache."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support import Gateway, LMCacheServer, wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).parents[2]
+
+
+def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.integration.mp_client", "--port", str(server.port),
+         "--http-port", str(server.http_port), "--timeout", "20", "--deadline", "90", action,
+         "--seed", str(seed), *extra],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    print(result.stdout[-3000:], result.stderr[-1500:])
+    return result.returncode
+
+
+def l2_settled(server: LMCacheServer) -> bool:
+    """No L2 store of the server is waiting or in flight."""
+    controller = server.status()["storage_manager"]["store_controller"]
+    return int(controller["pending_keys_count"]) + int(controller["in_flight_task_count"]) == 0
+
+
+def clear_l1(server: LMCacheServer) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/cache/clear",
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
+        gateway: Gateway, make_server: Callable[[str], LMCacheServer]) -> None:
+    server = make_server(gateway.l2_adapter_json()).start()
+    assert mp_client(server, "store", 1, "--chunks", "4") == 0
+    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
+    assert server.stop() in (0, 130)  # 130: it exits by re-raising SIGINT
+    gateway.restart()
+    assert "recovered 4 objects" in gateway.log()
+    server = make_server(gateway.l2_adapter_json()).start()
+    assert mp_client(server, "check", 1, "--chunks", "4", "--expect-tier", "l2") == 0
+    assert mp_client(server, "check", 2, "--chunks", "4") == 1  # never stored: a miss
+
+
+def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
+        make_gateway: Callable[..., Gateway], make_server: Callable[[str], LMCacheServer]) -> None:
+    gateway = make_gateway()
+    server = make_server(gateway.l2_adapter_json(reconnect_interval_s=0.2)).start()
+    assert mp_client(server, "check", 1, "--chunks", "2") == 1  # a miss, not a hang
+    gateway.start()
+    wait_until(lambda: "connected" in gateway.log(), 30, "the plugin to connect")
+    assert mp_client(server, "store", 1, "--chunks", "2") == 0
+    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
+    clear_l1(server)
+    assert mp_client(server, "check", 1, "--chunks", "2", "--expect-tier", "l2") == 0
+
+
+def test_gateway_killed_during_traffic_never_stalls_lmcache(
+        gateway: Gateway, make_server: Callable[[str], LMCacheServer]) -> None:
+    timeout_s = 2.0
+    server = make_server(gateway.l2_adapter_json(op_timeout_s=timeout_s,
+                                                 reconnect_interval_s=0.2)).start()
+    storing = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.mp_client", "--port", str(server.port),
+         "--timeout", "20", "--deadline", "90", "store", "--seed", "1", "--chunks", "16"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: "connected" in gateway.log() and server.status() is not None, 30, "traffic")
+    time.sleep(4)  # the client is storing: its chunks are on their way to the gateway
+    gateway.send_signal(signal.SIGKILL)
+    assert storing.wait(90) == 0  # vLLM-side stores never depend on L2
+    killed = time.monotonic()
+    wait_until(lambda: l2_settled(server), timeout_s + 10, "in-flight L2 ops to complete")
+    assert time.monotonic() - killed < timeout_s + 10
+    assert mp_client(server, "check", 1, "--chunks", "16", "--expect-tier", "l1") == 0
+    gateway.proc.wait(10)  # type: ignore[union-attr]
+    gateway.start()
+    wait_until(lambda: gateway.log().count("connected") >= 2, 30, "the plugin to reconnect")
+    assert mp_client(server, "store", 3, "--chunks", "2") == 0
+    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
+    clear_l1(server)
+    assert mp_client(server, "check", 3, "--chunks", "2", "--expect-tier", "l2") == 0
