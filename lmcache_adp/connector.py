@@ -152,8 +152,11 @@ class ADPConnector:
         except (OSError, GatewayError) as exc:
             log.debug("gateway at %s not reachable: %s", self._params.socket_path, exc)
             return False
-        log.info("connected to the gateway at %s (session %d)", self._params.socket_path,
-                 link.welcome.session_id)
+        log.info(
+            "connected to the gateway at %s (session %d)",
+            self._params.socket_path,
+            link.welcome.session_id,
+        )
         self._want_link.clear()
         self._new_links.append(link)
         os.eventfd_write(self._wake, 1)

@@ -23,15 +23,16 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if [ ! -e "$stamp" ]; then
   pip=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
+  # pip's exit status, without the local index's noise about packages it does not hold.
+  quiet_pip() { "${pip[@]}" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a dir" || true; }; }
   if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     echo "setup-env: installing torch 2.13.0 (CPU)"
-    "${pip[@]}" install torch==2.13.0
+    quiet_pip install torch==2.13.0
   fi
   constraints="$VENV/torch-constraint.txt"
   "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
   echo "setup-env: installing lmcache-adp[$EXTRAS] (lmcache 0.5.6 takes a minute or two)"
-  PIP_CONSTRAINT="$constraints" "${pip[@]}" install -e "$ROOT[$EXTRAS]" 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" || true
+  PIP_CONSTRAINT="$constraints" quiet_pip install -e "$ROOT[$EXTRAS]"
   "$VENV/bin/python" -c 'import lmcache_adp, lmcache' \
     || { echo "setup-env: the install failed, see above" >&2; exit 1; }
   touch "$stamp"

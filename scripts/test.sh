@@ -7,6 +7,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$ROOT/scripts/setup-env.sh"
 cd "$ROOT"
 ruff check gateway lmcache_adp tests bench
-ruff format --check gateway lmcache_adp
+ruff format --check gateway lmcache_adp tests bench
 mypy
 python -m pytest -p no:cacheprovider "$@"

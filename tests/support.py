@@ -56,8 +56,14 @@ class Process:
 
     def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env=env, cwd=ROOT)
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=ROOT,
+            )
 
     @property
     def alive(self) -> bool:
@@ -89,20 +95,36 @@ class Process:
 
 
 class Gateway(Process):
-    def __init__(self, workdir: Path, capacity: str = "1GiB", *extra: str,
-                 data_dir: Path | None = None, socket_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        capacity: str = "1GiB",
+        *extra: str,
+        data_dir: Path | None = None,
+        socket_path: Path | None = None,
+    ) -> None:
         super().__init__("gateway", workdir / "gateway.log")
         self.data_dir = data_dir or workdir / "data"
         self.socket_path = socket_path or workdir / "gw.sock"
-        self.args = ["--data-dir", str(self.data_dir), "--socket", str(self.socket_path),
-                     "--capacity", capacity, *extra]
+        self.args = [
+            "--data-dir",
+            str(self.data_dir),
+            "--socket",
+            str(self.socket_path),
+            "--capacity",
+            capacity,
+            *extra,
+        ]
 
     def start(self, wait: bool = True) -> Gateway:
         mark = len(self.log())
         self.spawn([str(BIN / "adp-gateway"), "serve", *self.args])
         if wait:
-            wait_until(lambda: "listening on" in self.log()[mark:] or not self.alive, 60,
-                       "the gateway to listen")
+            wait_until(
+                lambda: "listening on" in self.log()[mark:] or not self.alive,
+                60,
+                "the gateway to listen",
+            )
             assert self.alive, f"gateway exited:\n{self.log()}"
         return self
 
@@ -114,9 +136,15 @@ class Gateway(Process):
         return {"socket_path": str(self.socket_path), "op_timeout_s": 10.0, **extra}
 
     def l2_adapter_json(self, **extra: Any) -> str:
-        return json.dumps({"type": "native_plugin", "module_path": "lmcache_adp",
-                           "class_name": "ADPConnector",
-                           "adapter_params": self.adapter_params(**extra), "max_capacity_gb": 0})
+        return json.dumps(
+            {
+                "type": "native_plugin",
+                "module_path": "lmcache_adp",
+                "class_name": "ADPConnector",
+                "adapter_params": self.adapter_params(**extra),
+                "max_capacity_gb": 0,
+            }
+        )
 
 
 class LMCacheServer(Process):
@@ -127,10 +155,28 @@ class LMCacheServer(Process):
         self.l2_adapter_json = l2_adapter_json
 
     def start(self) -> LMCacheServer:
-        self.spawn([str(BIN / "lmcache"), "server", "--host", "localhost", "--port",
-                    str(self.port), "--http-port", str(self.http_port), "--l1-size-gb", "1",
-                    "--eviction-policy", "LRU", "--chunk-size", "256",
-                    "--supported-transfer-mode", "auto", "--l2-adapter", self.l2_adapter_json])
+        self.spawn(
+            [
+                str(BIN / "lmcache"),
+                "server",
+                "--host",
+                "localhost",
+                "--port",
+                str(self.port),
+                "--http-port",
+                str(self.http_port),
+                "--l1-size-gb",
+                "1",
+                "--eviction-policy",
+                "LRU",
+                "--chunk-size",
+                "256",
+                "--supported-transfer-mode",
+                "auto",
+                "--l2-adapter",
+                self.l2_adapter_json,
+            ]
+        )
         wait_until(lambda: self.healthy() or not self.alive, 120, "lmcache server health")
         assert self.alive, f"lmcache server exited:\n{self.log()[-4000:]}"
         return self

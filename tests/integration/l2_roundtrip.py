@@ -33,13 +33,16 @@ def main() -> int:
     action, spec, count, size, seed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
     buffer = make_aligned_tensor(count * size, 4096)
     config = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[spec]))
-    adapter = create_l2_adapter(config.adapters[0],
-                                l1_memory_desc=create_l1_memory_desc(buffer, 4096))
+    adapter = create_l2_adapter(
+        config.adapters[0], l1_memory_desc=create_l1_memory_desc(buffer, 4096)
+    )
     try:
         keys = make_object_keys(count, model_name="roundtrip-model", key_offset=seed * 10_000)
         objects = make_memory_objects(buffer, count, size, 0)
-        expected = [np.random.default_rng([seed, i]).integers(0, 256, size, dtype=np.uint8)
-                    for i in range(count)]
+        expected = [
+            np.random.default_rng([seed, i]).integers(0, 256, size, dtype=np.uint8)
+            for i in range(count)
+        ]
         if action == "store":
             for obj, data in zip(objects, expected, strict=True):
                 obj.raw_data.numpy()[:] = data
@@ -52,8 +55,9 @@ def main() -> int:
         task = adapter.submit_load_task(keys, objects)
         bitmap = _wait_load_finished(adapter, [task], TIMEOUT_S).get(task)
         loaded = bitmap.popcount() if bitmap is not None else 0
-        exact = sum(np.array_equal(o.raw_data.numpy(), e) for o, e in zip(objects, expected,
-                                                                           strict=True))
+        exact = sum(
+            np.array_equal(o.raw_data.numpy(), e) for o, e in zip(objects, expected, strict=True)
+        )
         print(f"loaded={loaded}/{count} byte_exact={exact}/{count}")
         return 0 if loaded == count and exact == count else 1
     finally:

@@ -26,7 +26,6 @@ import urllib.request
 
 import torch
 import zmq
-
 from lmcache.utils import EngineType
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.group_view import EngineGroupInfo
@@ -53,13 +52,9 @@ def make_kv(seed, num_blocks, fill=True):
     """vLLM NHD paged layout: one (2, NB, BS, NH, HS) tensor per layer."""
     shape = (2, num_blocks, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE)
     if not fill:
-        return {f"layer.{i}": torch.zeros(shape, dtype=DTYPE)
-                for i in range(NUM_LAYERS)}
+        return {f"layer.{i}": torch.zeros(shape, dtype=DTYPE) for i in range(NUM_LAYERS)}
     g = torch.Generator().manual_seed(seed + 1_000_003)
-    return {
-        f"layer.{i}": torch.randn(shape, generator=g).to(DTYPE)
-        for i in range(NUM_LAYERS)
-    }
+    return {f"layer.{i}": torch.randn(shape, generator=g).to(DTYPE) for i in range(NUM_LAYERS)}
 
 
 def tier_hits(http_url):
@@ -68,8 +63,10 @@ def tier_hits(http_url):
         text = resp.read().decode()
     hits = {}
     for tier in ("l1", "l2"):
-        pat = (rf"^lmcache_mp_lookup_hit_{tier}_tokens_total"
-               rf'{{[^}}]*model_name="{MODEL}"[^}}]*}} (\S+)$')
+        pat = (
+            rf"^lmcache_mp_lookup_hit_{tier}_tokens_total"
+            rf'{{[^}}]*model_name="{MODEL}"[^}}]*}} (\S+)$'
+        )
         hits[tier] = sum(float(v) for v in re.findall(pat, text, re.M))
     return hits
 
@@ -94,18 +91,27 @@ class MPClient:
     def register(self, kv):
         self.tc = EngineDrivenTransferContext(INSTANCE_ID, self.client)
         self.tc.register(
-            kv, MODEL, 1, self.blocks_in_chunk, self.timeout,
+            kv,
+            MODEL,
+            1,
+            self.blocks_in_chunk,
+            self.timeout,
             layout_hints={"kv_layout": "NHD"},
-            engine_group_infos=[
-                EngineGroupInfo(0, tuple(range(NUM_LAYERS)), BLOCK_SIZE)],
+            engine_group_infos=[EngineGroupInfo(0, tuple(range(NUM_LAYERS)), BLOCK_SIZE)],
             engine_type=EngineType.VLLM,
         )
 
     def key(self, tokens, request_id, end, worker_id=0):
         # num_kv_readers=1: one reader releases the read locks LOOKUP takes
         return IPCCacheServerKey(
-            model_name=MODEL, world_size=1, worker_id=worker_id, token_ids=tokens,
-            start=0, end=end, request_id=request_id, num_kv_readers=1,
+            model_name=MODEL,
+            world_size=1,
+            worker_id=worker_id,
+            token_ids=tokens,
+            start=0,
+            end=end,
+            request_id=request_id,
+            num_kv_readers=1,
         )
 
     def lookup(self, tokens, request_id):
@@ -123,15 +129,25 @@ class MPClient:
 
     def store(self, tokens, request_id, kv):
         fut = self.tc.submit_store(
-            request_id, self.key(tokens, request_id, len(tokens)), kv,
-            self.block_ids, None, self.blocks_in_chunk)
+            request_id,
+            self.key(tokens, request_id, len(tokens)),
+            kv,
+            self.block_ids,
+            None,
+            self.blocks_in_chunk,
+        )
         return bool(fut.result(timeout=self.timeout))
 
     def retrieve(self, tokens, request_id, kv, num_tokens):
         nblocks = num_tokens // BLOCK_SIZE
         fut = self.tc.submit_retrieve(
-            request_id, self.key(tokens, request_id, num_tokens), kv,
-            [self.block_ids[0][:nblocks]], None, self.blocks_in_chunk)
+            request_id,
+            self.key(tokens, request_id, num_tokens),
+            kv,
+            [self.block_ids[0][:nblocks]],
+            None,
+            self.blocks_in_chunk,
+        )
         return bool(fut.result(timeout=self.timeout))
 
     def end_session(self, request_id):
@@ -160,9 +176,11 @@ def main():
     ap.add_argument("--http-port", type=int, help="enables L1/L2 hit breakdown")
     ap.add_argument("action", choices=["store", "check"])
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--expect-tier", choices=["l1", "l2"],
-                    help="check: require every hit to come from this tier "
-                         "(needs --http-port)")
+    ap.add_argument(
+        "--expect-tier",
+        choices=["l1", "l2"],
+        help="check: require every hit to come from this tier (needs --http-port)",
+    )
     args = ap.parse_args()
 
     # Watchdog: never hang a test run, whatever the transport does.
@@ -183,8 +201,10 @@ def main():
             c.register(expected)
             ok = c.store(tokens, rid, expected)
             c.end_session(rid)
-            log(f"store: {'OK' if ok else 'FAILED'} ({c.num_tokens} tokens, "
-                f"{args.chunks} chunks, chunk_size={c.chunk_size}, seed={args.seed})")
+            log(
+                f"store: {'OK' if ok else 'FAILED'} ({c.num_tokens} tokens, "
+                f"{args.chunks} chunks, chunk_size={c.chunk_size}, seed={args.seed})"
+            )
             return 0 if ok else 1
 
         kv = make_kv(args.seed, len(c.block_ids[0]), fill=False)
@@ -204,20 +224,37 @@ def main():
             src = f" [from L1: {delta['l1']}, from L2: {delta['l2']} tokens]"
             if args.expect_tier:
                 tier_ok = delta[args.expect_tier] == hit_tokens
-        log(f"lookup: {hit_tokens}/{c.num_tokens} tokens hit "
-            f"({hit_chunks}/{args.chunks} chunks){src}")
+        log(
+            f"lookup: {hit_tokens}/{c.num_tokens} tokens hit "
+            f"({hit_chunks}/{args.chunks} chunks){src}"
+        )
         ok = hit_tokens > 0 and c.retrieve(tokens, rid, kv, hit_tokens)
         c.end_session(rid)
         nb = hit_tokens // BLOCK_SIZE
-        same = ok and all(  # byte-level compare of the retrieved blocks
-            torch.equal(kv[n][:, :nb].view(torch.uint8),
-                        expected[n][:, :nb].view(torch.uint8)) for n in kv)
-        log("retrieve: " + ("skipped (miss)" if not hit_tokens else
-                            f"{'OK' if ok else 'FAILED'}; byte-identical: {same}"))
-        why = [m for m, bad in [
-            (f"partial/miss {hit_tokens}/{c.num_tokens}", hit_tokens != c.num_tokens),
-            ("data mismatch", hit_tokens and not same),
-            (f"hits not all from {args.expect_tier}", not tier_ok)] if bad]
+        same = (
+            ok
+            and all(  # byte-level compare of the retrieved blocks
+                torch.equal(kv[n][:, :nb].view(torch.uint8), expected[n][:, :nb].view(torch.uint8))
+                for n in kv
+            )
+        )
+        log(
+            "retrieve: "
+            + (
+                "skipped (miss)"
+                if not hit_tokens
+                else f"{'OK' if ok else 'FAILED'}; byte-identical: {same}"
+            )
+        )
+        why = [
+            m
+            for m, bad in [
+                (f"partial/miss {hit_tokens}/{c.num_tokens}", hit_tokens != c.num_tokens),
+                ("data mismatch", hit_tokens and not same),
+                (f"hits not all from {args.expect_tier}", not tier_ok),
+            ]
+            if bad
+        ]
         passed = not why
         log("check: " + ("PASS" if passed else "FAIL (" + "; ".join(why) + ")"))
         return 0 if passed else 1

@@ -17,27 +17,59 @@ pytestmark = pytest.mark.integration
 
 def bench(gateway: Gateway, out: Path, *args: str) -> dict[str, dict[str, float]]:
     result = subprocess.run(
-        [str(BIN / "lmcache"), "bench", "l2", "--l2-adapter", gateway.l2_adapter_json(),
-         "--format", "json", "--output", str(out), *args],
-        capture_output=True, text=True, timeout=600)
+        [
+            str(BIN / "lmcache"),
+            "bench",
+            "l2",
+            "--l2-adapter",
+            gateway.l2_adapter_json(),
+            "--format",
+            "json",
+            "--output",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics: dict[str, dict[str, float]] = json.loads(out.read_text())["metrics"]
     return {m["operation"]: m for k, m in metrics.items() if k.startswith("op_")}
 
 
-@pytest.mark.parametrize(("size_kb", "align", "keys"), [
-    (256, "4096", "32"), (32 * 1024, "4096", "4"), (257, "1", "16"),
-], ids=["256KiB", "32MiB", "257KiB-unaligned"])
-def test_bench_l2_verifies_every_byte(gateway: Gateway, workdir: Path, size_kb: int, align: str,
-                                      keys: str) -> None:
-    ops = bench(gateway, workdir / "bench.json", "--l1-align-bytes", align, "--no-skip-verify",
-                "--data-size-kb", str(size_kb), "--num-keys", keys, "--lookup-max-hit-rate", "1")
+@pytest.mark.parametrize(
+    ("size_kb", "align", "keys"),
+    [
+        (256, "4096", "32"),
+        (32 * 1024, "4096", "4"),
+        (257, "1", "16"),
+    ],
+    ids=["256KiB", "32MiB", "257KiB-unaligned"],
+)
+def test_bench_l2_verifies_every_byte(
+    gateway: Gateway, workdir: Path, size_kb: int, align: str, keys: str
+) -> None:
+    ops = bench(
+        gateway,
+        workdir / "bench.json",
+        "--l1-align-bytes",
+        align,
+        "--no-skip-verify",
+        "--data-size-kb",
+        str(size_kb),
+        "--num-keys",
+        keys,
+        "--lookup-max-hit-rate",
+        "1",
+    )
     for name in ("Store", "Load", "Lookup"):
         assert ops[name]["total_success"] == ops[name]["total_keys"] > 0, ops[name]
 
 
 def test_bench_store_then_load_in_new_processes_across_a_gateway_restart(
-        gateway: Gateway, workdir: Path) -> None:
+    gateway: Gateway, workdir: Path
+) -> None:
     common = ("--l1-align-bytes", "4096", "--data-size-kb", "4096", "--num-keys", "8")
     stored = bench(gateway, workdir / "store.json", "--only", "store", *common)["Store"]
     assert stored["total_success"] == stored["total_keys"] == 8
@@ -48,16 +80,29 @@ def test_bench_store_then_load_in_new_processes_across_a_gateway_restart(
 
 def roundtrip(action: str, gateway: Gateway, count: int, size: int, seed: int) -> int:
     result = subprocess.run(
-        [sys.executable, "-m", "tests.integration.l2_roundtrip", action,
-         gateway.l2_adapter_json(), str(count), str(size), str(seed)],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.l2_roundtrip",
+            action,
+            gateway.l2_adapter_json(),
+            str(count),
+            str(size),
+            str(seed),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
     print(result.stdout[-2000:], result.stderr[-2000:])
     return result.returncode
 
 
 @pytest.mark.parametrize("size", [100_003, 9 * 2**20 + 17])
 def test_bytes_stored_in_one_process_load_exact_in_another_after_restart(
-        gateway: Gateway, size: int) -> None:
+    gateway: Gateway, size: int
+) -> None:
     assert roundtrip("store", gateway, 6, size, seed=1) == 0
     gateway.restart()
     assert roundtrip("verify", gateway, 6, size, seed=1) == 0

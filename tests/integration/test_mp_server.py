@@ -23,10 +23,28 @@ ROOT = Path(__file__).parents[2]
 
 def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
     result = subprocess.run(
-        [sys.executable, "-m", "tests.integration.mp_client", "--port", str(server.port),
-         "--http-port", str(server.http_port), "--timeout", "20", "--deadline", "90", action,
-         "--seed", str(seed), *extra],
-        capture_output=True, text=True, timeout=120, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.mp_client",
+            "--port",
+            str(server.port),
+            "--http-port",
+            str(server.http_port),
+            "--timeout",
+            "20",
+            "--deadline",
+            "90",
+            action,
+            "--seed",
+            str(seed),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     print(result.stdout[-3000:], result.stderr[-1500:])
     return result.returncode
 
@@ -38,14 +56,16 @@ def l2_settled(server: LMCacheServer) -> bool:
 
 
 def clear_l1(server: LMCacheServer) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/cache/clear",
-                                     method="POST")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.http_port}/cache/clear", method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
 
 
 def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
-        gateway: Gateway, make_server: Callable[[str], LMCacheServer]) -> None:
+    gateway: Gateway, make_server: Callable[[str], LMCacheServer]
+) -> None:
     server = make_server(gateway.l2_adapter_json()).start()
     assert mp_client(server, "store", 1, "--chunks", "4") == 0
     wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
@@ -58,7 +78,8 @@ def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
 
 
 def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
-        make_gateway: Callable[..., Gateway], make_server: Callable[[str], LMCacheServer]) -> None:
+    make_gateway: Callable[..., Gateway], make_server: Callable[[str], LMCacheServer]
+) -> None:
     gateway = make_gateway()
     server = make_server(gateway.l2_adapter_json(reconnect_interval_s=0.2)).start()
     assert mp_client(server, "check", 1, "--chunks", "2") == 1  # a miss, not a hang
@@ -71,14 +92,33 @@ def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
 
 
 def test_gateway_killed_during_traffic_never_stalls_lmcache(
-        gateway: Gateway, make_server: Callable[[str], LMCacheServer]) -> None:
+    gateway: Gateway, make_server: Callable[[str], LMCacheServer]
+) -> None:
     timeout_s = 2.0
-    server = make_server(gateway.l2_adapter_json(op_timeout_s=timeout_s,
-                                                 reconnect_interval_s=0.2)).start()
+    server = make_server(
+        gateway.l2_adapter_json(op_timeout_s=timeout_s, reconnect_interval_s=0.2)
+    ).start()
     storing = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.mp_client", "--port", str(server.port),
-         "--timeout", "20", "--deadline", "90", "store", "--seed", "1", "--chunks", "16"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.mp_client",
+            "--port",
+            str(server.port),
+            "--timeout",
+            "20",
+            "--deadline",
+            "90",
+            "store",
+            "--seed",
+            "1",
+            "--chunks",
+            "16",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_until(lambda: "connected" in gateway.log() and server.status() is not None, 30, "traffic")
     time.sleep(4)  # the client is storing: its chunks are on their way to the gateway
     gateway.send_signal(signal.SIGKILL)

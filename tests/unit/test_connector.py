@@ -56,8 +56,9 @@ def check_shape(item: tuple[object, ...], future_id: int, keys: int) -> None:
 
 
 @pytest.mark.parametrize("size", [256 * 2**10, 100_003, 4 * 2**20 + 5])
-def test_store_exists_load_delete_round_trip(gateway: Gateway, connect: Callable[..., ADPConnector],
-                                             size: int) -> None:
+def test_store_exists_load_delete_round_trip(
+    gateway: Gateway, connect: Callable[..., ADPConnector], size: int
+) -> None:
     connector = connect(gateway)
     connected(connector)
     keys = [f"m@00000000@0@{i:064x}" for i in range(6)]
@@ -87,7 +88,8 @@ def test_store_exists_load_delete_round_trip(gateway: Gateway, connect: Callable
 
 
 def test_a_batch_of_many_keys_spans_several_ring_requests(
-        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    gateway: Gateway, connect: Callable[..., ADPConnector]
+) -> None:
     connector = connect(gateway)
     connected(connector)
     keys = [f"model/name@00000000@0@{i:064x}" for i in range(3000)]
@@ -100,7 +102,8 @@ def test_a_batch_of_many_keys_spans_several_ring_requests(
 
 
 def test_load_of_wrong_size_is_a_miss_not_wrong_bytes(
-        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    gateway: Gateway, connect: Callable[..., ADPConnector]
+) -> None:
     connector = connect(gateway)
     connected(connector)
     wait_for_future(connector, connector.submit_batch_set(["k"], views(objects(1, 8192))))
@@ -117,7 +120,8 @@ def test_unknown_or_mistyped_params_raise_naming_the_field() -> None:
 
 
 def test_without_a_gateway_ops_miss_at_once_then_work_when_it_starts(
-        make_gateway: Callable[..., Gateway], connect: Callable[..., ADPConnector]) -> None:
+    make_gateway: Callable[..., Gateway], connect: Callable[..., ADPConnector]
+) -> None:
     gateway = make_gateway()
     connector = connect(gateway, reconnect_interval_s=0.1)
     started = time.monotonic()
@@ -133,13 +137,15 @@ def test_without_a_gateway_ops_miss_at_once_then_work_when_it_starts(
 
 
 def test_gateway_killed_mid_traffic_completes_every_op_then_recovers(
-        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    gateway: Gateway, connect: Callable[..., ADPConnector]
+) -> None:
     timeout_s = 2.0
     connector = connect(gateway, op_timeout_s=timeout_s, reconnect_interval_s=0.1)
     connected(connector)
     data = objects(8, 4 * 2**20)
-    futures = [connector.submit_batch_set([f"k{i}-{j}" for j in range(8)], views(data))
-               for i in range(6)]
+    futures = [
+        connector.submit_batch_set([f"k{i}-{j}" for j in range(8)], views(data)) for i in range(6)
+    ]
     gateway.send_signal(signal.SIGKILL)
     submitted = time.monotonic()
     futures.append(connector.submit_batch_exists(["k0-0"]))
@@ -155,7 +161,8 @@ def test_gateway_killed_mid_traffic_completes_every_op_then_recovers(
 
 
 def test_hung_gateway_ops_time_out_and_resume_after(
-        gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
+    gateway: Gateway, connect: Callable[..., ADPConnector]
+) -> None:
     timeout_s = 1.0
     connector = connect(gateway, op_timeout_s=timeout_s)
     connected(connector)
@@ -164,9 +171,12 @@ def test_hung_gateway_ops_time_out_and_resume_after(
     try:
         started = time.monotonic()
         out = [bytearray(2**20) for _ in data]
-        fids = [connector.submit_batch_set(["x", "y"], views(data)),
-                connector.submit_batch_get(["x", "y"], views(out)),
-                connector.submit_batch_exists(["x"]), connector.submit_batch_delete(["x"])]
+        fids = [
+            connector.submit_batch_set(["x", "y"], views(data)),
+            connector.submit_batch_get(["x", "y"], views(out)),
+            connector.submit_batch_exists(["x"]),
+            connector.submit_batch_delete(["x"]),
+        ]
         for fid in fids:
             item = wait_for_future(connector, fid, timeout_s=timeout_s + 5)
             assert item[1] is False or item[3] == [False] * len(item[3])
@@ -193,5 +203,5 @@ def test_close_joins_and_completes_pending_ops(gateway: Gateway) -> None:
     connected(connector)
     fid = connector.submit_batch_set(["q"], views(objects(1, 2**20)))
     connector.close()
-    assert connector._io._link is None  # noqa: SLF001 - the link is closed, threads are joined
+    assert connector._io._link is None
     assert fid > 0

@@ -18,9 +18,19 @@ from gateway.format import (
 )
 
 SEED = 0x5EED
-HEADER = RecordHeader(Kind.DATA, seq=7, tenant="t", key="model@00000000@0@abc", object_bytes=10000,
-                      fragment_offset=4096, fragment_bytes=5904, fragment_index=1,
-                      fragment_count=2, payload_checksum=99, epoch=3)
+HEADER = RecordHeader(
+    Kind.DATA,
+    seq=7,
+    tenant="t",
+    key="model@00000000@0@abc",
+    object_bytes=10000,
+    fragment_offset=4096,
+    fragment_bytes=5904,
+    fragment_index=1,
+    fragment_count=2,
+    payload_checksum=99,
+    epoch=3,
+)
 
 
 def packed(header: RecordHeader = HEADER) -> memoryview:

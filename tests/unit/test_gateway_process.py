@@ -23,8 +23,12 @@ from tests.unit.test_connector import connected, objects, views
 
 
 def run_gateway(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "adp-gateway"), "serve", *args], capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [str(BIN / "adp-gateway"), "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -35,29 +39,45 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_socket_served_by_a_live_gateway_is_refused(gateway: Gateway, workdir: Path) -> None:
-    result = run_gateway("--data-dir", str(workdir / "other"), "--socket",
-                         str(gateway.socket_path), "--capacity", "256MiB")
+    result = run_gateway(
+        "--data-dir",
+        str(workdir / "other"),
+        "--socket",
+        str(gateway.socket_path),
+        "--capacity",
+        "256MiB",
+    )
     assert "already served by a live gateway" in one_line_error(result)
     assert gateway.alive
 
 
 def test_unwritable_data_dir_is_refused(workdir: Path) -> None:
     (workdir / "file").write_text("")
-    result = run_gateway("--data-dir", str(workdir / "file" / "data"), "--socket",
-                         str(workdir / "s.sock"))
+    result = run_gateway(
+        "--data-dir", str(workdir / "file" / "data"), "--socket", str(workdir / "s.sock")
+    )
     assert "cannot create data dir" in one_line_error(result)
 
 
 def test_capacity_above_free_space_is_refused(workdir: Path) -> None:
-    result = run_gateway("--data-dir", str(workdir / "d"), "--socket", str(workdir / "s.sock"),
-                         "--capacity", "5000TiB")
+    result = run_gateway(
+        "--data-dir",
+        str(workdir / "d"),
+        "--socket",
+        str(workdir / "s.sock"),
+        "--capacity",
+        "5000TiB",
+    )
     assert "lower `capacity` or free space" in one_line_error(result)
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("capacty: 1GiB\n", "unknown key 'capacty'; did you mean 'capacity'"),
-    ("capacity: lots\n", "capacity: cannot read 'lots' as a size"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("capacty: 1GiB\n", "unknown key 'capacty'; did you mean 'capacity'"),
+        ("capacity: lots\n", "capacity: cannot read 'lots' as a size"),
+    ],
+)
 def test_bad_config_file_is_refused(workdir: Path, text: str, match: str) -> None:
     (workdir / "g.yaml").write_text(text)
     result = run_gateway("--config", str(workdir / "g.yaml"), "--data-dir", str(workdir / "d"))
@@ -132,8 +152,9 @@ def test_refused_handshake_reaches_the_client_as_a_clear_error(gateway: Gateway)
 
 
 def test_module_entry_point_prints_help() -> None:
-    result = subprocess.run([sys.executable, "-m", "gateway", "--help"], capture_output=True,
-                            text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "--help"], capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0 and "serve" in result.stdout
 
 

@@ -7,16 +7,26 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN_MAY_USE = {"gateway.protocol", "gateway.ring.layout", "gateway.ring.queue",
-                  "gateway.errors", "gateway.fields", "gateway.units"}
+PLUGIN_MAY_USE = {
+    "gateway.protocol",
+    "gateway.ring.layout",
+    "gateway.ring.queue",
+    "gateway.errors",
+    "gateway.fields",
+    "gateway.units",
+}
 # A module may import only modules of a strictly lower layer.
 LAYERS = [
     {"gateway.errors"},
     {"gateway.units"},
     {"gateway.fields", "gateway.ring.layout"},
     {"gateway.ring.queue", "gateway.protocol", "gateway.format"},
-    {"gateway.fragmenter", "gateway.backends.base", "gateway.backends.memory",
-     "gateway.backends.filedevice"},
+    {
+        "gateway.fragmenter",
+        "gateway.backends.base",
+        "gateway.backends.memory",
+        "gateway.backends.filedevice",
+    },
     {"gateway.backends.regionlog"},
     {"gateway.index"},
     {"gateway.store", "gateway.scheduler", "gateway.config"},
@@ -61,4 +71,6 @@ def test_gateway_layers_import_downward_only() -> None:
             continue
         assert name in level, f"{name} is missing from LAYERS"
         for used in known(imports_of(path)) - {"gateway", "gateway.ring", "gateway.backends"}:
-            assert level[used] < level[name], f"{name} (layer {level[name]}) imports {used} (layer {level[used]})"
+            assert level[used] < level[name], (
+                f"{name} (layer {level[name]}) imports {used} (layer {level[used]})"
+            )

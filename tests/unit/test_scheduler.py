@@ -6,10 +6,17 @@ from __future__ import annotations
 from gateway.scheduler import Priority, Scheduler, Task
 
 
-def task(priority: Priority, session: int, size: int = 0, log: list[str] | None = None,
-         name: str = "") -> Task:
-    return Task(priority, session, 0, size, lambda: None,
-                lambda status: log.append(f"{name}:{status}") if log is not None else None)
+def task(
+    priority: Priority, session: int, size: int = 0, log: list[str] | None = None, name: str = ""
+) -> Task:
+    return Task(
+        priority,
+        session,
+        0,
+        size,
+        lambda: None,
+        lambda status: log.append(f"{name}:{status}") if log is not None else None,
+    )
 
 
 def drain(scheduler: Scheduler) -> list[Task]:
@@ -24,8 +31,11 @@ def test_loads_go_first_then_stores_then_deletes() -> None:
     order = [task(Priority.DELETE, 1), task(Priority.STORE, 1, 10), task(Priority.LOAD, 1)]
     for t in order:
         assert scheduler.submit(t)
-    assert [t.priority for t in drain(scheduler)] == [Priority.LOAD, Priority.STORE,
-                                                      Priority.DELETE]
+    assert [t.priority for t in drain(scheduler)] == [
+        Priority.LOAD,
+        Priority.STORE,
+        Priority.DELETE,
+    ]
 
 
 def test_sessions_take_turns_within_a_class() -> None:

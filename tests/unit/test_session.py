@@ -35,34 +35,47 @@ def session() -> Iterator[tuple[Session, Scheduler, memoryview]]:
     theirs.close()
 
 
-def submit(session: Session, memory: memoryview, op: Op, slot: int, keys: list[str],
-           offset: int = 0, size: int = 0, deadline: int = FAR) -> Submission:
+def submit(
+    session: Session,
+    memory: memoryview,
+    op: Op,
+    slot: int,
+    keys: list[str],
+    offset: int = 0,
+    size: int = 0,
+    deadline: int = FAR,
+) -> Submission:
     payload = encode_keys(keys)
     arena = LAYOUT.arena(memory, slot)
     arena[: len(payload)] = payload
     entry = Submission(slot + 100, op, 0, 0, slot, len(payload), 0, deadline, offset, size)
-    session._dispatch(entry)  # noqa: SLF001 - the unit under test
+    session._dispatch(entry)
     return entry
 
 
-def test_slot_reused_while_in_flight_is_refused(session: tuple[Session, Scheduler, memoryview]) -> None:
+def test_slot_reused_while_in_flight_is_refused(
+    session: tuple[Session, Scheduler, memoryview],
+) -> None:
     s, _, memory = session
     submit(s, memory, Op.GET, 0, ["k"], 0, 4096)
     with pytest.raises(ProtocolError, match="in flight"):
         submit(s, memory, Op.GET, 0, ["k"], 4096, 4096)
 
 
-@pytest.mark.parametrize(("offset", "size"), [(100, 10), (7 * PAGE_BYTES, PAGE_BYTES + 1),
-                                              (2**40, 1)])
+@pytest.mark.parametrize(
+    ("offset", "size"), [(100, 10), (7 * PAGE_BYTES, PAGE_BYTES + 1), (2**40, 1)]
+)
 def test_window_range_outside_the_window_is_refused(
-        session: tuple[Session, Scheduler, memoryview], offset: int, size: int) -> None:
+    session: tuple[Session, Scheduler, memoryview], offset: int, size: int
+) -> None:
     s, _, memory = session
     with pytest.raises(ProtocolError, match="window range"):
         submit(s, memory, Op.SET, 1, ["k"], offset, size)
 
 
 def test_exists_is_answered_inline_and_expired_ops_complete_as_expired(
-        session: tuple[Session, Scheduler, memoryview]) -> None:
+    session: tuple[Session, Scheduler, memoryview],
+) -> None:
     s, scheduler, memory = session
     completions = completion_consumer(memory, LAYOUT)
     submit(s, memory, Op.EXISTS, 2, ["a", "b"])

@@ -19,10 +19,17 @@ from lmcache_adp.config import ADPParams, parse
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("4096", 4096), ("64GiB", 64 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
-    ("4k", 4096), (123, 123),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4096", 4096),
+        ("64GiB", 64 * 2**30),
+        ("512 MiB", 512 * 2**20),
+        ("1.5GB", 1_500_000_000),
+        ("4k", 4096),
+        (123, 123),
+    ],
+)
 def test_sizes_parse(text: str | int, expected: int) -> None:
     assert parse_size(text, "capacity") == expected
 
@@ -34,14 +41,21 @@ def test_bad_sizes_name_the_field(text: str | int) -> None:
 
 
 def test_unknown_param_is_named_with_a_suggestion() -> None:
-    with pytest.raises(ConfigError, match="unknown key 'socketpath'.*did you mean 'socket_path'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'socketpath'.*did you mean 'socket_path'"):
         parse({"socketpath": "/x"})
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("op_timeout_s", "10"), ("op_timeout_s", True), ("tenant", 3), ("pending_ops_max", 1.5),
-    ("op_timeout_s", 0), ("socket_path", None),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("op_timeout_s", "10"),
+        ("op_timeout_s", True),
+        ("tenant", 3),
+        ("pending_ops_max", 1.5),
+        ("op_timeout_s", 0),
+        ("socket_path", None),
+    ],
+)
 def test_mistyped_param_is_named(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"adapter_params.{key}"):
         parse({key: value})
@@ -79,20 +93,24 @@ def test_gateway_yaml_documents_every_key_with_the_defaults() -> None:
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "g.yaml"
     path.write_text("capacity: 8GiB\nsocket: /tmp/a.sock\nio_threads: 2\n")
-    config = gateway_config.load(str(path), {"socket": "/tmp/b.sock", "capacity": None,
-                                             "data_dirs": "/data"})
+    config = gateway_config.load(
+        str(path), {"socket": "/tmp/b.sock", "capacity": None, "data_dirs": "/data"}
+    )
     assert (config.socket, config.capacity, config.io_threads) == ("/tmp/b.sock", 8 * 2**30, 2)
     assert config.data_dirs == ["/data"]
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("fragment_size: 5000\n", "multiple of 4 KiB"),
-    ("fragment_size: 64MiB\n", "must fit in region_size"),
-    ("sync: sometimes\n", "sync"),
-    ("io_threads: 0\n", "io_threads: must be at least 1"),
-    ("- a\n- b\n", "mapping"),
-    ("capacity: [1\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("fragment_size: 5000\n", "multiple of 4 KiB"),
+        ("fragment_size: 64MiB\n", "must fit in region_size"),
+        ("sync: sometimes\n", "sync"),
+        ("io_threads: 0\n", "io_threads: must be at least 1"),
+        ("- a\n- b\n", "mapping"),
+        ("capacity: [1\n", "not valid YAML"),
+    ],
+)
 def test_bad_config_files_are_named(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "g.yaml"
     path.write_text(text)
@@ -104,17 +122,19 @@ def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     config = gateway_config.load(None, {"data_dirs": str(blocker / "data")})
-    with pytest.raises(StartupError, match="cannot create data dir .*--data-dir"):
+    with pytest.raises(StartupError, match=r"cannot create data dir .*--data-dir"):
         gateway_config.resolve_capacity(config)
 
 
 def test_capacity_above_free_space_is_refused(tmp_path: Path) -> None:
     config = gateway_config.load(None, {"data_dirs": str(tmp_path), "capacity": "900TiB"})
-    with pytest.raises(StartupError, match="capacity is 900.0 TiB but .* lower `capacity`"):
+    with pytest.raises(StartupError, match=r"capacity is 900.0 TiB but .* lower `capacity`"):
         gateway_config.resolve_capacity(config)
 
 
 def test_default_capacity_is_derived_from_free_space(tmp_path: Path) -> None:
-    config = gateway_config.resolve_capacity(gateway_config.load(None, {"data_dirs": str(tmp_path)}))
+    config = gateway_config.resolve_capacity(
+        gateway_config.load(None, {"data_dirs": str(tmp_path)})
+    )
     assert config.capacity is not None
     assert 0 < config.capacity <= gateway_config.AUTO_CAPACITY_BYTES_MAX
