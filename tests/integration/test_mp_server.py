@@ -134,3 +134,12 @@ def test_gateway_killed_during_traffic_never_stalls_lmcache(
     wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
     clear_l1(server)
     assert mp_client(server, "check", 3, "--chunks", "2", "--expect-tier", "l2") == 0
+
+
+def test_bad_adapter_param_stops_the_server_with_a_clear_error(
+    gateway: Gateway, make_server: Callable[[str], LMCacheServer]
+) -> None:
+    server = make_server(gateway.l2_adapter_json(op_timeout="5"))
+    with pytest.raises(AssertionError, match="exited"):
+        server.start()
+    assert "unknown key 'op_timeout'; did you mean 'op_timeout_s'" in server.log()

@@ -74,3 +74,29 @@ def test_changed_region_size_is_refused(devices: list[Device]) -> None:
     RegionLog(devices, REGION, lambda *r: None)
     with pytest.raises(StartupError, match="region_size"):
         RegionLog(devices, REGION // 2, lambda *r: None)
+
+
+def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+    import os
+
+    from gateway.backends import filedevice
+
+    real_open = os.open
+
+    def refuse_o_direct(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:  # what ext4 on some overlays or FUSE answer
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(filedevice.os, "open", refuse_o_direct)
+    device = filedevice.FileDevice(str(tmp_path / "db0.adp"), SIZE)
+    assert device.direct is False
+    assert "refuses O_DIRECT; using buffered I/O" in caplog.text
+    log = RegionLog([device], REGION, lambda *r: None)
+    data = payload(5, 5000)
+    location = log.append(0, header(1, 5000), extent(data))
+    out = extent(bytes(5000))
+    assert log.read(location, out) is not None and bytes(out[:5000]) == data
