@@ -31,7 +31,7 @@ class GatewayConfig:
     capacity: int | None = field(default=None, metadata={"size": True})
     region_size: int = field(default=64 * 2**20, metadata={"size": True, "minimum": 2 * PAGE_BYTES})
     fragment_size: int = field(default=4 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES})
-    io_threads: int = field(default=4, metadata={"minimum": 1})
+    io_threads: int = field(default=8, metadata={"minimum": 1})
     sync: str = field(default="always", metadata={"choices": ("always", "none")})
     session_slots: int = field(default=128, metadata={"minimum": 1})
     session_arena_size: int = field(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.backends.base import Device
+from gateway.backends.groupsync import GroupSync
 from gateway.errors import StartupError, StorageError
 from gateway.format import (
     HEADER_BYTES,
@@ -68,6 +69,7 @@ class _Database:
         self.regions = [_Region(i) for i in range(count)]
         self.open: _Region | None = None
         self.salt = self._load_or_format_superblock()
+        self.group_sync = GroupSync(device)
 
     def region_offset(self, region: int) -> int:
         return PAGE_BYTES + region * self.region_bytes
@@ -134,6 +136,7 @@ class RegionLog:
         pack_header(dataclasses.replace(header, epoch=location.epoch), page, db.salt)
         try:
             db.device.write([page] if payload is None else [page, payload], location.offset)
+            db.group_sync.wrote()
         except OSError as exc:
             raise StorageError(f"write to database {database} failed: {exc}") from exc
         finally:
@@ -155,8 +158,12 @@ class RegionLog:
         return header
 
     def sync(self, databases: set[int]) -> None:
+        """Make every write completed so far on ``databases`` durable (group commit)."""
         for database in databases:
-            self._databases[database].device.sync()
+            try:
+                self._databases[database].group_sync.sync()
+            except OSError as exc:
+                raise StorageError(f"sync of database {database} failed: {exc}") from exc
 
     def close(self) -> None:
         for db in self._databases:

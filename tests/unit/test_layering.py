@@ -27,6 +27,7 @@ LAYERS = [
         "gateway.backends.memory",
         "gateway.backends.filedevice",
     },
+    {"gateway.backends.groupsync"},
     {"gateway.backends.regionlog"},
     {"gateway.index"},
     {"gateway.store", "gateway.scheduler", "gateway.config"},

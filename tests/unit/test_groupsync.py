@@ -1,0 +1,71 @@
+"""Goal: group commit makes every caller's completed writes durable, sharing fdatasyncs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gateway.backends.groupsync import GroupSync
+from gateway.backends.memory import MemoryDevice
+
+
+class SlowDevice(MemoryDevice):
+    """Records, at each sync's start, how many writes had completed."""
+
+    def __init__(self, gate: list[GroupSync]) -> None:
+        super().__init__(4096)
+        self.gate = gate
+        self.covered: list[int] = []
+
+    def sync(self) -> None:
+        self.covered.append(self.gate[0]._completed_writes)
+        time.sleep(0.02)
+        super().sync()
+
+
+def test_every_caller_is_covered_by_a_sync_that_started_after_its_write() -> None:
+    holder: list[GroupSync] = []
+    device = SlowDevice(holder)
+    gate = GroupSync(device)
+    holder.append(gate)
+    done: list[tuple[int, int]] = []  # (writes completed before the caller's sync, syncs after)
+
+    def writer() -> None:
+        for _ in range(5):
+            gate.wrote()
+            with gate._cond:
+                mine = gate._completed_writes
+            gate.sync()
+            done.append((mine, gate._synced_writes))
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(done) == 40
+    assert all(synced >= mine for mine, synced in done)
+    assert device.syncs < 40  # shared: far fewer fdatasyncs than callers
+    assert max(device.covered) == 40
+
+
+def test_a_failed_sync_raises_and_the_next_caller_retries() -> None:
+    class Failing(MemoryDevice):
+        fail = True
+
+        def sync(self) -> None:
+            if self.fail:
+                self.fail = False
+                raise OSError(5, "EIO")
+            super().sync()
+
+    device = Failing(4096)
+    gate = GroupSync(device)
+    gate.wrote()
+    try:
+        gate.sync()
+        raise AssertionError("the EIO was swallowed")
+    except OSError:
+        pass
+    gate.sync()
+    assert device.syncs == 1
