@@ -57,25 +57,36 @@ class _Batch:
     done: bool = False
 
 
+@dataclass
+class _Shared:
+    """What the connector's threads share. Deques and events are thread-safe as used here."""
+
+    params: config.ADPParams
+    completions: CompletionQueue = field(default_factory=CompletionQueue)
+    wake: int = field(default_factory=lambda: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+    incoming: deque[_Batch] = field(default_factory=deque)  # submits -> I/O thread
+    new_links: deque[GatewayLink] = field(default_factory=deque)  # connect -> I/O thread
+    stopping: threading.Event = field(default_factory=threading.Event)
+    want_link: threading.Event = field(default_factory=threading.Event)  # I/O -> connect
+    op_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def wake_io(self) -> None:
+        os.eventfd_write(self.wake, 1)
+
+
 class ADPConnector:
     """The seven methods LMCache's native_plugin wrapper calls; see the module docstring."""
 
     def __init__(self, **params: object) -> None:
         self._params = config.parse(params)
         self._hello = Hello(tenant=self._params.tenant, client=f"lmcache pid {os.getpid()}")
-        self._completions = CompletionQueue()
+        self._shared = _Shared(self._params)
         self._future_ids = itertools.count(1)
-        self._op_ids = itertools.count(1)
-        self._incoming: deque[_Batch] = deque()
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._stopping = threading.Event()
-        self._want_link = threading.Event()
-        self._new_links: deque[GatewayLink] = deque()
         # A gateway that is up serves the very first op; one that is not costs one refused
         # connect here, and the plugin starts anyway (connecting in the background).
         if not self._try_connect():
-            self._want_link.set()
-        self._io = _IOLoop(self)
+            self._shared.want_link.set()
+        self._io = _IOLoop(self._shared)
         self._threads = [
             threading.Thread(target=self._io.run, name="adp-io", daemon=True),
             threading.Thread(target=self._connect_loop, name="adp-connect", daemon=True),
@@ -86,7 +97,7 @@ class ADPConnector:
     # The native_plugin surface -------------------------------------------------------------
 
     def event_fd(self) -> int:
-        return self._completions.fd
+        return self._shared.completions.fd
 
     def submit_batch_set(self, keys: list[str], memviews: list[memoryview]) -> int:
         return self._submit(Op.SET, keys, memviews)
@@ -104,23 +115,25 @@ class ADPConnector:
             log.exception("a delete could not be queued")
             future_id = next(self._future_ids)
             count = len(keys) if isinstance(keys, list) else 0
-            self._completions.push(future_id, False, "delete could not be queued", [False] * count)
+            self._shared.completions.push(
+                future_id, False, "delete could not be queued", [False] * count
+            )
             return future_id
 
     def drain_completions(self) -> list[tuple[int, bool, str, list[bool] | None]]:
-        return self._completions.drain()
+        return self._shared.completions.drain()
 
     def close(self) -> None:
-        self._stopping.set()
-        self._want_link.set()
-        os.eventfd_write(self._wake, 1)
+        self._shared.stopping.set()
+        self._shared.want_link.set()
+        self._shared.wake_io()
         for thread in self._threads:
             thread.join()
         self._io.shutdown()
-        while self._new_links:
-            self._new_links.popleft().close()
-        os.close(self._wake)
-        self._completions.close()
+        while self._shared.new_links:
+            self._shared.new_links.popleft().close()
+        os.close(self._shared.wake)
+        self._shared.completions.close()
 
     # Internals -----------------------------------------------------------------------------
 
@@ -130,20 +143,20 @@ class ADPConnector:
         deadline_ns = time.monotonic_ns() + int(self._params.op_timeout_s * 1e9)
         buffers = None if memviews is None else [m.cast("B") for m in memviews]
         batch = _Batch(future_id, op, keys, buffers, deadline_ns, [False] * len(keys))
-        if (buffers is not None and len(buffers) != len(keys)) or self._stopping.is_set():
-            self._completions.push(future_id, False, "bad batch or closed", batch.results)
+        if (buffers is not None and len(buffers) != len(keys)) or self._shared.stopping.is_set():
+            self._shared.completions.push(future_id, False, "bad batch or closed", batch.results)
             return future_id
-        self._incoming.append(batch)
-        os.eventfd_write(self._wake, 1)
+        self._shared.incoming.append(batch)
+        self._shared.wake_io()
         return future_id
 
     def _connect_loop(self) -> None:
-        while not self._stopping.is_set():
-            self._want_link.wait()
-            if self._stopping.is_set():
+        while not self._shared.stopping.is_set():
+            self._shared.want_link.wait()
+            if self._shared.stopping.is_set():
                 return
             if not self._try_connect():
-                self._stopping.wait(self._params.reconnect_interval_s)
+                self._shared.stopping.wait(self._params.reconnect_interval_s)
 
     def _try_connect(self) -> bool:
         """One handshake; on success the I/O thread picks the link up at its next step."""
@@ -157,24 +170,23 @@ class ADPConnector:
             self._params.socket_path,
             link.welcome.session_id,
         )
-        self._want_link.clear()
-        self._new_links.append(link)
-        os.eventfd_write(self._wake, 1)
+        self._shared.want_link.clear()
+        self._shared.new_links.append(link)
+        self._shared.wake_io()
         return True
 
 
 class _IOLoop:
     """The plugin's one I/O thread: it alone touches the link, the window and L1 buffers."""
 
-    def __init__(self, owner: ADPConnector) -> None:
-        self._owner = owner
+    def __init__(self, shared: _Shared) -> None:
+        self._shared = shared
         self._link: GatewayLink | None = None
         self._pending: deque[Request] = deque()
         self._active: dict[int, _Batch] = {}
 
     def run(self) -> None:
-        owner = self._owner
-        while not owner._stopping.is_set():
+        while not self._shared.stopping.is_set():
             self._wait()
             try:
                 self._step()
@@ -190,13 +202,13 @@ class _IOLoop:
 
     def _wait(self) -> None:
         poller = select.poll()
-        poller.register(self._owner._wake, select.POLLIN)
+        poller.register(self._shared.wake, select.POLLIN)
         if self._link is not None:
             poller.register(self._link.complete_fd, select.POLLIN)
             poller.register(self._link.sock_fd, select.POLLIN)
         poller.poll(self._timeout_ms())
         with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._owner._wake)
+            os.eventfd_read(self._shared.wake)
 
     def _timeout_ms(self) -> int:
         if not self._active:
@@ -205,15 +217,15 @@ class _IOLoop:
         return max(0, min(IDLE_POLL_MS, (soonest - time.monotonic_ns()) // 1_000_000 + 1))
 
     def _step(self) -> None:
-        owner = self._owner
-        while owner._new_links:
+        shared = self._shared
+        while shared.new_links:
             self._drop_link()
-            self._link = owner._new_links.popleft()
+            self._link = shared.new_links.popleft()
         if self._link is not None and not self._link.alive():
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
-        while owner._incoming:
-            self._accept(owner._incoming.popleft())
+        while shared.incoming:
+            self._accept(shared.incoming.popleft())
         if self._link is not None:
             for completion, request in self._link.completions():
                 self._finish(request, completion)
@@ -225,7 +237,7 @@ class _IOLoop:
     def _accept(self, batch: _Batch) -> None:
         requests = list(_split(batch))
         self._active[batch.future_id] = batch
-        if len(self._pending) + len(requests) > self._owner._params.pending_ops_max:
+        if len(self._pending) + len(requests) > self._shared.params.pending_ops_max:
             log.warning(
                 "%d ops are waiting for the gateway; failing a new %s of %d keys",
                 len(self._pending),
@@ -260,7 +272,7 @@ class _IOLoop:
                 assert batch.buffers is not None
                 _copy(link.extent(request), batch.buffers[request.first])
             link.submit(
-                next(self._owner._op_ids), request, encode_keys(request.keys), batch.deadline_ns
+                next(self._shared.op_ids), request, encode_keys(request.keys), batch.deadline_ns
             )
             submitted = True
         if submitted:
@@ -305,7 +317,7 @@ class _IOLoop:
         self._active.pop(batch.future_id, None)
         ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
         error = "" if ok else f"{batch.op.name} failed for some keys"
-        self._owner._completions.push(batch.future_id, ok, error, batch.results)
+        self._shared.completions.push(batch.future_id, ok, error, batch.results)
 
     def _expire(self) -> None:
         now = time.monotonic_ns()
@@ -314,7 +326,7 @@ class _IOLoop:
                 "%s of %d keys timed out after %.1f s",
                 batch.op.name,
                 len(batch.keys),
-                self._owner._params.op_timeout_s,
+                self._shared.params.op_timeout_s,
             )
             batch.failed = True
             self._report(batch)
@@ -326,7 +338,7 @@ class _IOLoop:
         for request in link.inflight.values():
             self._settle(request, Status.FAILED)
         link.close()
-        self._owner._want_link.set()
+        self._shared.want_link.set()
 
     def _fail_everything(self, why: str) -> None:
         self._drop_link()

@@ -63,6 +63,14 @@ def clear_l1(server: LMCacheServer) -> None:
         assert response.status == 200
 
 
+def store_then_load_from_l2(server: LMCacheServer, seed: int, chunks: str = "2") -> None:
+    """Store chunks, wait for their L2 writes, empty L1, and check they come back from L2."""
+    assert mp_client(server, "store", seed, "--chunks", chunks) == 0
+    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
+    clear_l1(server)
+    assert mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0
+
+
 def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
     gateway: Gateway, make_server: Callable[[str], LMCacheServer]
 ) -> None:
@@ -85,10 +93,7 @@ def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
     assert mp_client(server, "check", 1, "--chunks", "2") == 1  # a miss, not a hang
     gateway.start()
     wait_until(lambda: "connected" in gateway.log(), 30, "the plugin to connect")
-    assert mp_client(server, "store", 1, "--chunks", "2") == 0
-    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
-    clear_l1(server)
-    assert mp_client(server, "check", 1, "--chunks", "2", "--expect-tier", "l2") == 0
+    store_then_load_from_l2(server, seed=1)
 
 
 def test_gateway_killed_during_traffic_never_stalls_lmcache(
@@ -130,10 +135,7 @@ def test_gateway_killed_during_traffic_never_stalls_lmcache(
     gateway.proc.wait(10)  # type: ignore[union-attr]
     gateway.start()
     wait_until(lambda: gateway.log().count("connected") >= 2, 30, "the plugin to reconnect")
-    assert mp_client(server, "store", 3, "--chunks", "2") == 0
-    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
-    clear_l1(server)
-    assert mp_client(server, "check", 3, "--chunks", "2", "--expect-tier", "l2") == 0
+    store_then_load_from_l2(server, seed=3)
 
 
 def test_bad_adapter_param_stops_the_server_with_a_clear_error(
