@@ -193,6 +193,9 @@ class _IOLoop:
             except GatewayError as exc:
                 log.error("gateway link broken: %s", exc)
                 self._drop_link()
+            except Exception:  # a bug here must not leave LMCache's futures hanging forever
+                log.exception("unexpected error in the plugin's I/O thread; failing its ops")
+                self._fail_everything("an internal error")
         self._fail_everything("the plugin is closing")
 
     def shutdown(self) -> None:
