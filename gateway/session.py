@@ -19,7 +19,7 @@ import select
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from gateway.errors import ProtocolError, StorageError
@@ -35,6 +35,7 @@ from gateway.ring.layout import (
 from gateway.ring.queue import completion_producer, submission_consumer
 from gateway.scheduler import Priority, Scheduler, Task
 from gateway.store import Store
+from gateway.units import format_size
 
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
@@ -71,6 +72,7 @@ class Session:
         self._inflight: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._counts: Counter[str] = Counter()  # under _lock; logged when the session ends
 
     def welcome(self, object_bytes_max: int) -> tuple[Welcome, list[int]]:
         welcome = Welcome(
@@ -112,6 +114,8 @@ class Session:
         os.close(self._submitted)
         with self._lock:
             os.close(self._completed)
+            counts = dict(self._counts)
+        log.info("%s closed: %s", self.name, _describe(counts))
         self._on_close(self)
 
     def stop(self) -> None:
@@ -140,6 +144,10 @@ class Session:
                 return
             os.eventfd_write(self._completed, 1)
 
+    def _count(self, **increments: int) -> None:
+        with self._lock:
+            self._counts.update(increments)
+
     def _client_alive(self) -> bool:
         try:
             data = self._sock.recv(1, socket.MSG_DONTWAIT)
@@ -158,7 +166,9 @@ class Session:
         if time.monotonic_ns() > submission.deadline_ns:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
-            self._finish_with_results(submission, arena, self._store.exists(self.tenant, keys))
+            found = self._store.exists(self.tenant, keys)
+            self._count(keys_looked_up=len(keys), keys_found=sum(found))
+            self._finish_with_results(submission, arena, found)
         elif op == Op.DELETE:
             self._queue(
                 submission,
@@ -202,10 +212,12 @@ class Session:
 
         def load() -> None:
             found = self._store.get(self.tenant, key, extent, length)
+            self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
             self.complete(submission, Status.OK if found else Status.MISS, data_bytes=length)
 
         def store() -> None:
             self._store.put(self.tenant, key, extent, length)
+            self._count(stores=1, bytes_stored=length)
             self.complete(submission, Status.OK)
 
         self._queue(submission, length, load if op == Op.GET else store)
@@ -237,6 +249,16 @@ class Session:
     ) -> None:
         arena[: len(results)] = bytes(results)
         self.complete(submission, Status.OK, result_bytes=len(results))
+
+
+def _describe(counts: dict[str, int]) -> str:
+    """One log line of a session's work, e.g. "8 loads (8 hits, 32.0 MiB), 8 stores (...)"."""
+    return (
+        f"{counts.get('loads', 0)} loads ({counts.get('load_hits', 0)} hits, "
+        f"{format_size(counts.get('bytes_loaded', 0))}), {counts.get('stores', 0)} stores "
+        f"({format_size(counts.get('bytes_stored', 0))}), {counts.get('keys_looked_up', 0)} keys "
+        f"looked up ({counts.get('keys_found', 0)} found)"
+    )
 
 
 def _reset(eventfd: int) -> None:

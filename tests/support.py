@@ -148,35 +148,32 @@ class Gateway(Process):
 
 
 class LMCacheServer(Process):
-    def __init__(self, workdir: Path, l2_adapter_json: str, tag: str = "") -> None:
+    def __init__(
+        self, workdir: Path, l2_adapter_json: str, tag: str = "", bin_dir: Path = BIN
+    ) -> None:
         super().__init__("lmcache server", workdir / f"lmcache-server{tag}.log")
         self.port = free_port()
         self.http_port = free_port()
         self.l2_adapter_json = l2_adapter_json
+        self.bin_dir = bin_dir
 
     def start(self) -> LMCacheServer:
-        self.spawn(
-            [
-                str(BIN / "lmcache"),
-                "server",
-                "--host",
-                "localhost",
-                "--port",
-                str(self.port),
-                "--http-port",
-                str(self.http_port),
-                "--l1-size-gb",
-                "1",
-                "--eviction-policy",
-                "LRU",
-                "--chunk-size",
-                "256",
-                "--supported-transfer-mode",
-                "auto",
-                "--l2-adapter",
-                self.l2_adapter_json,
-            ]
-        )
+        flags = {
+            "--host": "localhost",
+            "--port": str(self.port),
+            "--http-port": str(self.http_port),
+            "--l1-size-gb": "1",
+            "--eviction-policy": "LRU",
+            "--chunk-size": "256",
+            "--supported-transfer-mode": "auto",
+            "--l2-adapter": self.l2_adapter_json,
+        }
+        # The plugin is imported from this checkout, whichever venv runs the server.
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        argv = [str(self.bin_dir / "lmcache"), "server"]
+        for flag, value in flags.items():
+            argv += [flag, value]
+        self.spawn(argv, env=env)
         wait_until(lambda: self.healthy() or not self.alive, 120, "lmcache server health")
         assert self.alive, f"lmcache server exited:\n{self.log()[-4000:]}"
         return self
@@ -188,6 +185,18 @@ class LMCacheServer(Process):
                 return bool(response.status == 200)
         except OSError:
             return False
+
+    def l2_settled(self) -> bool:
+        """No L2 store of the server is waiting or in flight."""
+        controller = self.status()["storage_manager"]["store_controller"]
+        return int(controller["pending_keys_count"]) + int(controller["in_flight_task_count"]) == 0
+
+    def clear_l1(self) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}/cache/clear", method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
 
     def status(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.http_port}/status"

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,25 +48,11 @@ def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int
     return result.returncode
 
 
-def l2_settled(server: LMCacheServer) -> bool:
-    """No L2 store of the server is waiting or in flight."""
-    controller = server.status()["storage_manager"]["store_controller"]
-    return int(controller["pending_keys_count"]) + int(controller["in_flight_task_count"]) == 0
-
-
-def clear_l1(server: LMCacheServer) -> None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{server.http_port}/cache/clear", method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
-
-
 def store_then_load_from_l2(server: LMCacheServer, seed: int, chunks: str = "2") -> None:
     """Store chunks, wait for their L2 writes, empty L1, and check they come back from L2."""
     assert mp_client(server, "store", seed, "--chunks", chunks) == 0
-    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
-    clear_l1(server)
+    wait_until(server.l2_settled, 60, "the L2 stores to finish")
+    server.clear_l1()
     assert mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0
 
 
@@ -76,7 +61,7 @@ def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
 ) -> None:
     server = make_server(gateway.l2_adapter_json()).start()
     assert mp_client(server, "store", 1, "--chunks", "4") == 0
-    wait_until(lambda: l2_settled(server), 60, "the L2 stores to finish")
+    wait_until(server.l2_settled, 60, "the L2 stores to finish")
     assert server.stop() in (0, 130)  # 130: it exits by re-raising SIGINT
     gateway.restart()
     assert "recovered 4 objects" in gateway.log()
@@ -129,7 +114,7 @@ def test_gateway_killed_during_traffic_never_stalls_lmcache(
     gateway.send_signal(signal.SIGKILL)
     assert storing.wait(90) == 0  # vLLM-side stores never depend on L2
     killed = time.monotonic()
-    wait_until(lambda: l2_settled(server), timeout_s + 10, "in-flight L2 ops to complete")
+    wait_until(server.l2_settled, timeout_s + 10, "in-flight L2 ops to complete")
     assert time.monotonic() - killed < timeout_s + 10
     assert mp_client(server, "check", 1, "--chunks", "16", "--expect-tier", "l1") == 0
     gateway.proc.wait(10)  # type: ignore[union-attr]

@@ -161,3 +161,20 @@ def test_module_entry_point_prints_help() -> None:
 def test_cli_usage_error_is_not_a_traceback(make_gateway: Callable[..., Gateway]) -> None:
     result = run_gateway("--capacity")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_a_session_logs_what_it_did_when_it_ends(gateway: Gateway) -> None:
+    connector = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(connector)
+        data = objects(2, 8192)
+        wait_for_future(connector, connector.submit_batch_set(["a", "b"], views(data)))
+        out = [bytearray(8192) for _ in range(3)]
+        wait_for_future(connector, connector.submit_batch_get(["a", "b", "c"], views(out)))
+    finally:
+        connector.close()
+    wait_until(
+        lambda: "closed: 3 loads (2 hits, 16.0 KiB), 2 stores" in gateway.log(),
+        10,
+        "the session's summary in the log",
+    )

@@ -1,0 +1,102 @@
+"""vLLM for the end-to-end suite: `run_vllm.py --stdin` in the e2e venv, one engine per process,
+fed one JSON request per line. The gateway and the LMCache server come from tests.support."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support import ROOT, Process
+
+E2E_VENV = Path(os.environ.get("ADP_E2E_VENV", ROOT / ".venv-e2e"))
+E2E_BIN = E2E_VENV / "bin"
+HERE = Path(__file__).resolve().parent
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+
+
+class Vllm(Process):
+    def __init__(self, workdir: Path, tag: str) -> None:
+        super().__init__("vllm", workdir / f"vllm-{tag}.log")
+        self.lines: queue.Queue[str] = queue.Queue()
+
+    def start(self, model: Path, lmcache_port: int | None) -> Vllm:
+        argv = [
+            str(E2E_BIN / "python"),
+            str(HERE / "run_vllm.py"),
+            "--model",
+            str(model),
+            "--stdin",
+            "--mq-timeout",
+            "30",
+        ]
+        if lmcache_port:
+            argv += ["--lmcache-port", str(lmcache_port)]
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=ENV,
+            cwd=HERE,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._next("E2E_READY", 300)
+        return self
+
+    def request(
+        self, seed: int, salt: str | None = None, length: int = 2048, timeout_s: float = 180
+    ) -> dict[str, Any]:
+        """Send one greedy request of ``length`` deterministic token ids; return its result."""
+        assert self.proc is not None and self.proc.stdin is not None
+        line = json.dumps({"seed": seed, "len": length, "salt": salt}) + "\n"
+        self.proc.stdin.write(line.encode())
+        self.proc.stdin.flush()
+        return self._next("E2E_RESULT", timeout_s)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 30) -> int | None:
+        """Close stdin so vLLM shuts its workers down itself; signals only if it does not."""
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return super().stop(signum, 10)
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with open(self.log_path, "a") as log:
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace")
+                log.write(line)
+                log.flush()
+                if line.startswith("E2E_"):
+                    self.lines.put(line)
+
+    def _next(self, tag: str, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if not self.alive:
+                    raise RuntimeError(f"vLLM exited:\n{self.log()[-4000:]}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no {tag} from vLLM in {timeout_s} s") from None
+                continue
+            if line.startswith(tag + " "):
+                return dict(json.loads(line[len(tag) + 1 :]))
