@@ -149,9 +149,15 @@ class Gateway(Process):
 
 class LMCacheServer(Process):
     def __init__(
-        self, workdir: Path, l2_adapter_json: str, tag: str = "", bin_dir: Path = BIN
+        self,
+        workdir: Path,
+        l2_adapter_json: str,
+        tag: str = "",
+        bin_dir: Path = BIN,
+        l1_size_gb: int = 1,
     ) -> None:
         super().__init__("lmcache server", workdir / f"lmcache-server{tag}.log")
+        self.l1_size_gb = l1_size_gb
         self.port = free_port()
         self.http_port = free_port()
         self.l2_adapter_json = l2_adapter_json
@@ -162,7 +168,7 @@ class LMCacheServer(Process):
             "--host": "localhost",
             "--port": str(self.port),
             "--http-port": str(self.http_port),
-            "--l1-size-gb": "1",
+            "--l1-size-gb": str(self.l1_size_gb),
             "--eviction-policy": "LRU",
             "--chunk-size": "256",
             "--supported-transfer-mode": "auto",

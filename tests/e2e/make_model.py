@@ -10,7 +10,15 @@ import time
 from pathlib import Path
 
 
-def build(out: Path, layers: int = 2, hidden: int = 128, vocab: int = 1024, seed: int = 0) -> None:
+def build(
+    out: Path,
+    layers: int = 2,
+    hidden: int = 128,
+    vocab: int = 1024,
+    seed: int = 0,
+    max_len: int = 4096,
+    heads: int = 4,
+) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -31,7 +39,7 @@ def build(out: Path, layers: int = 2, hidden: int = 128, vocab: int = 1024, seed
     )
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.model_max_length = 4096
+    fast.model_max_length = max_len
     fast.save_pretrained(out)
 
     torch.manual_seed(seed)
@@ -40,9 +48,9 @@ def build(out: Path, layers: int = 2, hidden: int = 128, vocab: int = 1024, seed
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_len,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         torch_dtype="float32",
@@ -56,9 +64,11 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-len", type=int, default=4096, help="longest prompt + output, tokens")
+    p.add_argument("--heads", type=int, default=4)
     a = p.parse_args()
     t = time.monotonic()
-    build(a.out, a.layers, a.hidden, seed=a.seed)
+    build(a.out, a.layers, a.hidden, seed=a.seed, max_len=a.max_len, heads=a.heads)
     print(f"model in {a.out} ({time.monotonic() - t:.1f} s)")
 
 

@@ -45,6 +45,8 @@ def main() -> int:
     p.add_argument("--salt")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--stdin", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-mib", type=int, default=512, help="vLLM's KV cache, MiB")
     a = p.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -65,23 +67,25 @@ def main() -> int:
         model=a.model,
         dtype=a.dtype,
         enforce_eager=True,
-        max_model_len=4096,
+        max_model_len=a.max_model_len,
         seed=0,
         # On CPU, gpu_memory_utilization is a fraction of the NUMA node's memory and start-up
         # fails when that much is not free; a fixed KV size skips that check.
-        kv_cache_memory_bytes=512 << 20,
+        kv_cache_memory_bytes=a.kv_cache_mib << 20,
         **kwargs,
     )
     emit("E2E_READY", {"startup_s": round(time.monotonic() - t0, 2)})
-    params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
 
-    def run(seed: int, length: int, salt: str | None) -> None:
+    def run(seed: int, length: int, salt: str | None, max_tokens: int | None = None) -> None:
         llm.reset_prefix_cache()
+        sampling = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens or a.max_tokens, ignore_eos=True
+        )
         prompt: dict = {"prompt_token_ids": prompt_ids(seed, length)}
         if salt:
             prompt["cache_salt"] = salt
         t = time.monotonic()
-        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        out = llm.generate([prompt], sampling, use_tqdm=False)[0]
         emit(
             "E2E_RESULT",
             {
@@ -100,7 +104,12 @@ def main() -> int:
         for line in sys.stdin:
             if line.strip():
                 r = json.loads(line)
-                run(int(r.get("seed", a.seed)), int(r.get("len", a.len)), r.get("salt"))
+                run(
+                    int(r.get("seed", a.seed)),
+                    int(r.get("len", a.len)),
+                    r.get("salt"),
+                    r.get("max_tokens"),
+                )
     return 0
 
 

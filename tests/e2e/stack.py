@@ -32,16 +32,10 @@ class Vllm(Process):
         super().__init__("vllm", workdir / f"vllm-{tag}.log")
         self.lines: queue.Queue[str] = queue.Queue()
 
-    def start(self, model: Path, lmcache_port: int | None) -> Vllm:
-        argv = [
-            str(E2E_BIN / "python"),
-            str(HERE / "run_vllm.py"),
-            "--model",
-            str(model),
-            "--stdin",
-            "--mq-timeout",
-            "30",
-        ]
+    def start(self, model: Path, lmcache_port: int | None, *extra: str) -> Vllm:
+        """Start the engine (``extra``: more run_vllm.py flags) and wait until it is ready."""
+        argv = [str(E2E_BIN / "python"), str(HERE / "run_vllm.py"), "--model", str(model)]
+        argv += ["--stdin", "--mq-timeout", "30", *extra]
         if lmcache_port:
             argv += ["--lmcache-port", str(lmcache_port)]
         self.proc = subprocess.Popen(
@@ -58,11 +52,17 @@ class Vllm(Process):
         return self
 
     def request(
-        self, seed: int, salt: str | None = None, length: int = 2048, timeout_s: float = 180
+        self,
+        seed: int,
+        salt: str | None = None,
+        length: int = 2048,
+        timeout_s: float = 180,
+        max_tokens: int | None = None,
     ) -> dict[str, Any]:
         """Send one greedy request of ``length`` deterministic token ids; return its result."""
         assert self.proc is not None and self.proc.stdin is not None
-        line = json.dumps({"seed": seed, "len": length, "salt": salt}) + "\n"
+        request = {"seed": seed, "len": length, "salt": salt, "max_tokens": max_tokens}
+        line = json.dumps(request) + "\n"
         self.proc.stdin.write(line.encode())
         self.proc.stdin.flush()
         return self._next("E2E_RESULT", timeout_s)
