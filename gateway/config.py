@@ -121,14 +121,19 @@ def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
     return replace(config, capacity=capacity)
 
 
-def _prepare_dir(directory: str) -> None:
+def make_dir(directory: str, mode: int, what: str, flag: str) -> None:
+    """Create ``directory`` (the ``what`` of ``flag``) or say which flag to change."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.makedirs(directory, mode=mode, exist_ok=True)
     except OSError as exc:
         raise StartupError(
-            f"cannot create data dir {directory}: {exc.strerror}; choose another "
-            "`--data-dir` or fix its permissions"
+            f"cannot create {what} {directory}: {exc.strerror}; choose another "
+            f"`{flag}` or fix its permissions"
         ) from exc
+
+
+def _prepare_dir(directory: str) -> None:
+    make_dir(directory, 0o700, "data dir", "--data-dir")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise StartupError(
             f"data dir {directory} is not writable by this user; choose another "

@@ -184,14 +184,9 @@ def _peer_name(conn: socket.socket) -> str:
 
 def _listen(path: str) -> socket.socket:
     """Bind the Unix socket, refusing to steal it from a live gateway."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-    except OSError as exc:
-        raise StartupError(
-            f"cannot create the socket's directory {directory}: {exc.strerror}; "
-            "choose another `--socket`"
-        ) from exc
+    config_module.make_dir(
+        os.path.dirname(os.path.abspath(path)), 0o755, "the socket's directory", "--socket"
+    )
     if os.path.exists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
