@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -92,6 +93,7 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             work, gateway.l2_adapter_json(), "-2", bin_dir=E2E_BIN, l1_size_gb=l1_gb
         ).start()
         restore = ttft(server, "restore")
+        restore_log = server.log()
     finally:
         server.kill()
         gateway.stop()
@@ -108,6 +110,12 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "tokens_restored": restore["num_cached_tokens"],
         "restore_over_recompute": round(restore["elapsed_s"] / recompute["elapsed_s"], 3),
         "speedup": round(recompute["elapsed_s"] / restore["elapsed_s"], 1),
+        # Where the restore's time goes, from the lmcache server's own log lines.
+        "server_log_restore": [
+            re.sub(r"\x1b\[[0-9;]*m", "", line).split("LMCache INFO:")[-1].strip()
+            for line in restore_log.splitlines()
+            if "Prefetch request completed" in line or "Retrieved" in line
+        ],
     }
 
 
