@@ -23,7 +23,9 @@ ADP_EXTRAS=${ADP_EXTRAS:-serve} source "$ROOT/scripts/setup-env.sh"
 
 gateway_args=(serve --data-dir "$DATA_DIR" --socket "$SOCKET")
 [ -n "$CAPACITY" ] && gateway_args+=(--capacity "$CAPACITY")
-adp-gateway "${gateway_args[@]}" &
+# Its own session: a terminal's Ctrl-C reaches the lmcache server and this script, which then
+# stops the gateway last, after the server's final L2 writes.
+setsid adp-gateway "${gateway_args[@]}" &
 gateway_pid=$!
 server_pid=""
 stop() {
