@@ -221,8 +221,8 @@ class _IOLoop:
 
     def _step(self) -> None:
         shared = self._shared
-        while shared.new_links:
-            self._drop_link()
+        while shared.new_links:  # a newer link replaces ours without asking for yet another
+            self._drop_link(reconnect=False)
             self._link = shared.new_links.popleft()
         if self._link is not None and not self._link.alive():
             log.warning("the gateway went away; ops fail until it is back")
@@ -334,14 +334,16 @@ class _IOLoop:
             batch.failed = True
             self._report(batch)
 
-    def _drop_link(self) -> None:
+    def _drop_link(self, reconnect: bool = True) -> None:
+        """Fail what is in flight on the current link and close it; by default ask for a new one."""
         link, self._link = self._link, None
         if link is None:
             return
         for request in link.inflight.values():
             self._settle(request, Status.FAILED)
         link.close()
-        self._shared.want_link.set()
+        if reconnect:
+            self._shared.want_link.set()
 
     def _fail_everything(self, why: str) -> None:
         self._drop_link()
