@@ -1,6 +1,7 @@
 """``adp-gateway``: the command line of the storage gateway.
 
     adp-gateway serve [--config FILE] [--data-dir DIR] [--socket PATH] [--capacity SIZE]
+    adp-gateway check [--config FILE] [--data-dir DIR] [--fix]
 
 Errors in the config or the environment print one line naming what is wrong and exit with 2.
 """
@@ -37,7 +38,27 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--capacity", help="bytes of disk to use in all, such as 64GiB")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     serve.set_defaults(run=_serve)
+    check = commands.add_parser(
+        "check", help="verify every record on disk (the gateway must be stopped); exit 1 on damage"
+    )
+    check.add_argument("--config", help="YAML file; see configs/gateway.yaml")
+    check.add_argument("--data-dir", help="directory of the database files (overrides data_dirs)")
+    check.add_argument(
+        "--fix", action="store_true", help="invalidate damaged records and rewrite their footers"
+    )
+    check.set_defaults(run=_check)
     return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    from gateway.check import ProgressLine, check
+
+    config = config_module.load(args.config, {"data_dirs": args.data_dir})
+    report = check(config.database_paths, args.fix, ProgressLine())
+    for line in report.damage:
+        print(line)
+    print(report.summary())
+    return 1 if report.damage and not args.fix else 0
 
 
 def _serve(args: argparse.Namespace) -> int:

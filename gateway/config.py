@@ -20,6 +20,7 @@ from gateway.units import format_size
 
 DEFAULT_SOCKET = "/tmp/lmcache-adp/gateway.sock"
 AUTO_CAPACITY_BYTES_MAX = 64 * 2**30
+RECORD_OVERHEAD_BYTES_MAX = 16 * 2**10  # header, footer entry (names up to 4 KiB), trailer
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class GatewayConfig:
     region_size: int = field(default=64 * 2**20, metadata={"size": True, "minimum": 2 * PAGE_BYTES})
     fragment_size: int = field(default=4 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES})
     io_threads: int = field(default=8, metadata={"minimum": 1})
-    sync: str = field(default="always", metadata={"choices": ("always", "none")})
+    sync: str = field(default="always", metadata={"choices": ("always", "periodic", "none")})
+    sync_interval_ms: int = field(default=100, metadata={"minimum": 1})
     session_slots: int = field(default=128, metadata={"minimum": 1})
     session_arena_size: int = field(
         default=256 * 2**10, metadata={"size": True, "minimum": 64 * 2**10}
@@ -87,13 +89,20 @@ def _check(config: GatewayConfig) -> GatewayConfig:
     for name in _SIZE_ALIGNED:
         if getattr(config, name) % PAGE_BYTES:
             raise ConfigError(f"{name}: must be a multiple of 4 KiB, got {getattr(config, name)}")
-    if config.fragment_size + PAGE_BYTES > config.region_size:
+    if config.fragment_size + RECORD_OVERHEAD_BYTES_MAX > config.region_size:
         raise ConfigError(
-            f"fragment_size ({format_size(config.fragment_size)}) plus its 4 KiB "
-            f"header must fit in region_size ({format_size(config.region_size)})"
+            f"fragment_size ({format_size(config.fragment_size)}) plus 16 KiB (its header, "
+            f"footer entry and the region's trailer) must fit in region_size "
+            f"({format_size(config.region_size)})"
         )
     if not config.database_paths:
         raise ConfigError("no databases: set `data_dirs` or `devices`")
+    seen: set[str] = set()
+    for path in config.database_paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ConfigError(f"{path} is named twice in `data_dirs` or `devices`")
+        seen.add(real)
     return config
 
 
@@ -104,7 +113,7 @@ def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
     free = sum(_free_bytes_for(config, d) for d in config.data_dirs)
     capacity = config.capacity
     if capacity is None:
-        capacity = min(AUTO_CAPACITY_BYTES_MAX, free // 2)
+        capacity = _existing_capacity(config) or min(AUTO_CAPACITY_BYTES_MAX, free // 2)
     if config.data_dirs and capacity > free:
         raise StartupError(
             f"capacity is {format_size(capacity)} but {', '.join(config.data_dirs)} "
@@ -139,6 +148,15 @@ def _prepare_dir(directory: str) -> None:
             f"data dir {directory} is not writable by this user; choose another "
             "`--data-dir` or fix its permissions"
         )
+
+
+def _existing_capacity(config: GatewayConfig) -> int | None:
+    """The capacity the database files were made with, when they all exist: an automatic
+    capacity is derived once, not again from whatever space is free at each start."""
+    files = config.database_paths[: len(config.database_paths) - len(config.devices)]
+    if config.devices or not all(os.path.exists(p) for p in files):
+        return None
+    return sum(os.path.getsize(p) for p in files)
 
 
 def _free_bytes_for(config: GatewayConfig, directory: str) -> int:

@@ -40,17 +40,22 @@ class Index:
         objects = self._objects
         return [(tenant, key) in objects for key in keys]
 
-    def put(self, object_id: ObjectId, manifest: Manifest) -> None:
-        """Publish ``manifest`` unless a newer one is there already (recovery sees any order)."""
+    def put(self, object_id: ObjectId, manifest: Manifest) -> Manifest | None:
+        """Publish ``manifest`` unless a newer one is there already (recovery sees any order).
+
+        Returns the manifest that is no longer in use: the one replaced, or ``manifest`` itself
+        when a newer one stays; None when the key was new.
+        """
         with self._lock:
             old = self._objects.get(object_id)
             if old is not None and old.seq > manifest.seq:
-                return
+                return manifest
             if old is not None:
                 self._forget_members(object_id, old)
             self._objects[object_id] = manifest
             for location in manifest.locations:
                 self._members[(location.database, location.region)].add(object_id)
+            return old
 
     def remove(self, object_id: ObjectId, seq: int | None = None) -> Manifest | None:
         """Drop the object (only the version ``seq`` when given); return what was dropped."""
@@ -62,10 +67,10 @@ class Index:
             self._forget_members(object_id, old)
             return old
 
-    def reclaim(self, database: int, region: int, epoch: int) -> int:
-        """Forget every object with a fragment in this region's epoch; returns how many."""
+    def reclaim(self, database: int, region: int, epoch: int) -> list[Manifest]:
+        """Forget every object with a fragment in this region's epoch; return their manifests."""
         with self._lock:
-            dropped = 0
+            dropped = []
             for object_id in self._members.pop((database, region), set()):
                 manifest = self._objects.get(object_id)
                 if manifest is None:
@@ -76,7 +81,7 @@ class Index:
                 ):
                     del self._objects[object_id]
                     self._forget_members(object_id, manifest)
-                    dropped += 1
+                    dropped.append(manifest)
             return dropped
 
     def _forget_members(self, object_id: ObjectId, manifest: Manifest) -> None:

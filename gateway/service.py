@@ -20,6 +20,7 @@ import time
 from gateway import config as config_module
 from gateway.backends.base import Device
 from gateway.backends.filedevice import FileDevice
+from gateway.backends.groupsync import PeriodicSync
 from gateway.backends.regionlog import RegionLog
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, StartupError
@@ -52,12 +53,19 @@ class Gateway:
         self._stopping = threading.Event()
         self.scheduler = Scheduler(self.config.store_backlog_max)
         self.store = self._open_store()
+        self._periodic_sync: PeriodicSync | None = None
+        if self.config.sync == "periodic":
+            self._periodic_sync = PeriodicSync(
+                self.store.sync_all, self.config.sync_interval_ms / 1000
+            )
 
     def _open_store(self) -> Store:
         paths = self.config.database_paths
         assert self.config.capacity is not None
         per_database = self.config.capacity // len(paths)
-        devices: list[Device] = [FileDevice(p, per_database) for p in paths]
+        devices: list[Device] = [
+            FileDevice(p, per_database, grow=p not in self.config.devices) for p in paths
+        ]
         store_ref: list[Store] = []
         region_log = RegionLog(
             devices, self.config.region_size, lambda *region: store_ref[0].on_reclaim(*region)
@@ -79,6 +87,8 @@ class Gateway:
 
     def start(self) -> None:
         self._listener = _listen(self.config.socket)
+        if self._periodic_sync is not None:
+            self._periodic_sync.start()
         for i in range(self.config.io_threads):
             self._spawn(f"io-{i}", self._io_loop)
         self._spawn("accept", self._accept_loop)
@@ -100,6 +110,8 @@ class Gateway:
             session.stop()
         for thread in self._threads:
             thread.join(timeout=30)
+        if self._periodic_sync is not None:
+            self._periodic_sync.stop()
         self.store.close()
         log.info("gateway stopped")
 

@@ -2,8 +2,13 @@
 
 Crash ordering: an object's fragments are written (and synced, under ``sync: always``) before its
 manifest is published in the index; a delete removes the manifest first, then appends a
-tombstone. On restart, ``recover`` rebuilds the index from the records on disk: the newest
-complete version of each object wins unless a newer tombstone deletes it.
+tombstone, and so does an overwrite with another length before it writes the new version. On
+restart, ``recover`` rebuilds the index from the records on disk: the newest complete version of
+each object wins unless a newer tombstone deletes it. Tombstones outlive the records they shadow
+(gateway/tombstones.py).
+
+The store tells the region log which records it uses (``retain``/``release``), so eviction
+reclaims emptied regions (deleted or overwritten objects) before it evicts anything.
 
 Every read is verified before it is reported loaded: each fragment's header must name the same
 tenant, key, version and position, and its payload must match its checksum. Anything else is a
@@ -15,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ from gateway.errors import StorageError
 from gateway.format import Kind, RecordHeader, checksum, key_hash
 from gateway.index import Index, Manifest, ObjectId
 from gateway.ring.layout import align_up
+from gateway.tombstones import Tombstones
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ class StoreStatistics:
     stores: int
     stores_skipped: int
     verify_failures: int
+    reclaims: int
+    tombstones: int
 
 
 class Store:
@@ -50,10 +59,24 @@ class Store:
         self._seq = itertools.count(1)
         self._seq_lock = threading.Lock()
         self._counts: dict[str, int] = defaultdict(int)
+        self._tombstones = Tombstones()
+        self._tombstones_lock = threading.Lock()
 
-    def on_reclaim(self, database: int, region: int, epoch: int) -> None:
+    def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
+        """The region log reclaims a region: forget its objects, return tombstones to carry."""
         dropped = self.index.reclaim(database, region, epoch)
-        log.debug("reclaimed database %d region %d: %d objects evicted", database, region, dropped)
+        for manifest in dropped:
+            self._log.release(manifest.locations)
+        with self._tombstones_lock:
+            carried = self._tombstones.carry(database, region, self._log.is_current)
+        log.debug(
+            "reclaimed database %d region %d: %d objects evicted, %d tombstones carried",
+            database,
+            region,
+            len(dropped),
+            len(carried),
+        )
+        return carried
 
     def exists(self, tenant: str, keys: list[str]) -> list[bool]:
         return self.index.contains(tenant, keys)
@@ -68,6 +91,8 @@ class Store:
         if existing is not None and existing.object_bytes == object_bytes:
             self._counts["stores_skipped"] += 1
             return
+        if existing is not None:  # another length: the old version must never come back
+            self._bury((tenant, key), existing)
         extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
         seq = self._next_seq()
         plan = fragmenter.plan(
@@ -93,7 +118,7 @@ class Store:
         if self._sync:
             self._log.sync({loc.database for loc in locations})
         manifest = Manifest(seq, object_bytes, self._fragment_bytes_max, tuple(locations))
-        self.index.put((tenant, key), manifest)
+        self._publish((tenant, key), manifest)
         self._counts["stores"] += 1
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
@@ -107,7 +132,8 @@ class Store:
             if not self._read_fragment((tenant, key), manifest, index, location, extent):
                 self._counts["verify_failures"] += 1
                 self._counts["load_misses"] += 1
-                self.index.remove((tenant, key), manifest.seq)
+                if self.index.remove((tenant, key), manifest.seq) is not None:
+                    self._log.release(manifest.locations)
                 return False
         return True
 
@@ -117,41 +143,64 @@ class Store:
         for key in keys:
             manifest = self.index.remove((tenant, key))
             results.append(manifest is not None)
-            if manifest is None:
-                continue
-            tombstone = RecordHeader(Kind.TOMBSTONE, self._next_seq(), tenant, key, 0)
-            # Same database as fragment 0: region FIFO there reclaims the data no later than this.
-            database = manifest.locations[0].database
-            self._log.append(database, tombstone, None)
-            synced.add(database)
+            if manifest is not None:
+                synced.add(self._bury((tenant, key), manifest))
         if self._sync and synced:
             self._log.sync(synced)
         return results
+
+    def _publish(self, object_id: ObjectId, manifest: Manifest) -> None:
+        self._log.retain(manifest.locations)
+        unused = self.index.put(object_id, manifest)
+        if unused is not None:
+            self._log.release(unused.locations)
+
+    def _bury(self, object_id: ObjectId, manifest: Manifest) -> int:
+        """Append a tombstone for ``manifest``'s version and stop using its records."""
+        tombstone = RecordHeader(Kind.TOMBSTONE, self._next_seq(), *object_id, 0)
+        at = self._log.append(manifest.locations[0].database, tombstone, None)
+        with self._tombstones_lock:
+            self._tombstones.add(object_id, tombstone.seq, at, manifest.locations)
+        self._log.release(manifest.locations)
+        return at.database
 
     def recover(self) -> int:
         """Rebuild the index from disk; returns the number of objects found."""
         fragments: dict[tuple[ObjectId, int], dict[int, tuple[Location, RecordHeader]]] = (
             defaultdict(dict)
         )
-        tombstones: dict[ObjectId, int] = {}
+        tombstones: dict[ObjectId, tuple[int, Location]] = {}
         top_seq = 0
-        for location, header in self._log.scan():
+        for location, header in self._log.scan(_ProgressLog()):
             top_seq = max(top_seq, header.seq)
             object_id = (header.tenant, header.key)
             if header.kind == Kind.TOMBSTONE:
-                tombstones[object_id] = max(tombstones.get(object_id, 0), header.seq)
+                if tombstones.get(object_id, (0, location))[0] < header.seq:
+                    tombstones[object_id] = (header.seq, location)
             else:
                 fragments[(object_id, header.seq)][header.fragment_index] = (location, header)
+        shadowed: dict[ObjectId, list[Location]] = defaultdict(list)
         for (object_id, seq), parts in fragments.items():
+            dead_before = tombstones.get(object_id, (0, None))[0]
+            if seq < dead_before:
+                shadowed[object_id].extend(location for location, _ in parts.values())
+                continue
             manifest = _complete_manifest(seq, parts)
-            if manifest is not None and tombstones.get(object_id, 0) < seq:
-                self.index.put(object_id, manifest)
+            if manifest is not None:
+                self._publish(object_id, manifest)
+        for object_id, (seq, location) in tombstones.items():
+            if shadowed[object_id]:
+                self._tombstones.add(object_id, seq, location, shadowed[object_id])
         with self._seq_lock:
             self._seq = itertools.count(top_seq + 1)
         return len(self.index)
 
-    def close(self) -> None:
+    def sync_all(self) -> None:
+        """Make every write so far durable on every database."""
         self._log.sync(set(range(self._log.databases)))
+
+    def close(self) -> None:
+        self.sync_all()
         self._log.close()
 
     def statistics(self) -> StoreStatistics:
@@ -164,6 +213,8 @@ class Store:
             stores=self._counts["stores"],
             stores_skipped=self._counts["stores_skipped"],
             verify_failures=self._counts["verify_failures"],
+            reclaims=self._log.reclaims,
+            tombstones=len(self._tombstones),
         )
 
     def _read_fragment(
@@ -225,3 +276,22 @@ def _complete_manifest(
     locations = tuple(parts[i][0] for i in range(first.fragment_count))
     fragment_bytes = parts[0][1].fragment_bytes if first.fragment_count > 1 else first.object_bytes
     return Manifest(seq, first.object_bytes, max(fragment_bytes, 1), locations)
+
+
+class _ProgressLog:
+    """Logs a recovery's progress once a second, when it takes that long."""
+
+    def __init__(self) -> None:
+        self._started = self._logged = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._logged >= 1.0:
+            self._logged = now
+            log.info(
+                "recovering: %d of %d regions read (%.0f %%), %.1f s",
+                done,
+                total,
+                100 * done / total,
+                now - self._started,
+            )

@@ -8,6 +8,7 @@ O_DIRECT (tmpfs, some overlays) the file is opened buffered and that is logged.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import stat
@@ -19,21 +20,32 @@ log = logging.getLogger(__name__)
 
 
 class FileDevice:
-    def __init__(self, path: str, size_bytes: int) -> None:
+    """``grow``: create or grow a regular file to ``size_bytes`` (a data dir's database).
+    Without it (a `devices:` entry: a block device, or a file standing for one) the path must
+    exist and hold ``size_bytes`` already."""
+
+    def __init__(self, path: str, size_bytes: int, grow: bool = True) -> None:
         self.path = path
-        self._is_block = os.path.exists(path) and stat.S_ISBLK(os.stat(path).st_mode)
-        if not self._is_block:
+        if grow and not (os.path.exists(path) and stat.S_ISBLK(os.stat(path).st_mode)):
             _preallocate(path, size_bytes)
+        elif not os.path.exists(path):
+            raise StartupError(f"device {path} does not exist: check `devices`")
         self._fd, self.direct = _open(path)
         self._size_bytes = size_bytes
-        if self._is_block:
-            device_bytes = os.lseek(self._fd, 0, os.SEEK_END)
-            if device_bytes < size_bytes:
-                os.close(self._fd)
-                raise StartupError(
-                    f"{path} holds {format_size(device_bytes)}, less than the "
-                    f"{format_size(size_bytes)} asked for: lower `capacity`"
-                )
+        try:  # one gateway (or `adp-gateway check`) per database; released when the fd closes
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise StartupError(
+                f"{path} is in use by another gateway or `adp-gateway check`: stop it first"
+            ) from None
+        device_bytes = os.lseek(self._fd, 0, os.SEEK_END)
+        if device_bytes < size_bytes:
+            os.close(self._fd)
+            raise StartupError(
+                f"{path} holds {format_size(device_bytes)}, less than the "
+                f"{format_size(size_bytes)} asked for: lower `capacity`"
+            )
 
     @property
     def size_bytes(self) -> int:

@@ -1,4 +1,5 @@
-"""Group commit: callers that need their writes durable share fdatasync calls.
+"""Group commit: callers that need their writes durable share fdatasync calls (``sync:
+always``), or a clock commits whatever was written every few milliseconds (``sync: periodic``).
 
 A caller's writes are covered by any sync that *starts* after they completed. So a caller waits
 for the sync in progress (which may not cover it), then either finds its writes covered by a
@@ -8,9 +9,13 @@ while the previous one ran, instead of one fdatasync per object.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 
 from gateway.backends.base import Device
+
+log = logging.getLogger(__name__)
 
 
 class GroupSync:
@@ -48,3 +53,28 @@ class GroupSync:
                 finally:
                     self._syncing = False
                     self._cond.notify_all()
+
+
+class PeriodicSync:
+    """Group commit on a clock: ``sync`` runs every ``interval_s`` in a thread of its own, so
+    stores are acknowledged without waiting and durable at most one interval later."""
+
+    def __init__(self, sync: Callable[[], None], interval_s: float) -> None:
+        self._sync = sync
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="periodic-sync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._sync()
+            except Exception:  # a failed sync is retried at the next tick, never fatal
+                log.exception("periodic sync failed")

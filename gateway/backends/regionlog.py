@@ -1,36 +1,50 @@
 """The software card: a log-structured region store, one per database (device).
 
 Each device is ``[superblock 4 KiB][region 0][region 1]...``. Records (gateway/format.py) are
-appended to the database's one open region; when it is full it is sealed and a free region is
-opened. When none is free, the oldest sealed region (FIFO by epoch) with no write in flight is
-reclaimed whole: ``on_reclaim(database, region, epoch)`` tells the store to forget what it held,
-then the region gets a new epoch and is overwritten from its start.
+appended to the database's one open region. A full region is sealed: once its last write has
+landed, an index footer listing its records is written at its end (gateway/footer.py), so a
+restart reads one footer per region instead of every header.
 
-Every record carries its region's epoch, so a recovery scan walks a region from its start and
-stops at the first header that is invalid or from an older epoch. A hole left by a torn or failed
-write is skipped by scanning forward page by page for the next valid header of the same epoch.
+When no region is free, a sealed region is reclaimed whole, in approximate-LRU order: regions
+that hold nothing the store still uses go first, then the one least recently written or read.
+``on_reclaim(database, region, epoch)`` tells the store to forget what the region held and
+returns the records (tombstones) that must outlive it; they are rewritten at the start of the
+region's next filling, before anything else lands there. The store reports which records it uses
+with ``retain``/``release``.
 
-Thread-safety: ``append`` and ``read`` run concurrently from the I/O threads; only space
-reservation is under the lock, the I/O itself is not.
+Every record carries its region's epoch (a new one for every filling), so a scan never believes
+a record left from an older filling, and skips a hole left by a torn or failed write by looking
+for the next header of the same epoch (gateway/backends/regionscan.py).
+
+Thread-safety: ``append`` and ``read`` run concurrently from the I/O threads; space reservation
+and region state are under the lock, the record I/O is not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
-import mmap
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gateway.backends.base import Device
 from gateway.backends.groupsync import GroupSync
+from gateway.backends.regionscan import (
+    RegionReader,
+    aligned,
+    first_header,
+    read_footer,
+    walk,
+    write_footer,
+)
 from gateway.errors import StartupError, StorageError
+from gateway.footer import TRAILER_BYTES, entry_bytes_max
 from gateway.format import (
     HEADER_BYTES,
-    RECORD_MAGIC,
     RecordHeader,
     Superblock,
     pack_header,
@@ -38,10 +52,11 @@ from gateway.format import (
     unpack_header,
     unpack_superblock,
 )
-from gateway.ring.layout import PAGE_BYTES
+from gateway.ring.layout import PAGE_BYTES, align_up
 
 log = logging.getLogger(__name__)
-SCAN_CHUNK_BYTES = 8 * 2**20
+OnReclaim = Callable[[int, int, int], list[RecordHeader]]
+Progress = Callable[[int, int], None]
 
 
 class Location(NamedTuple):
@@ -57,7 +72,22 @@ class _Region:
     index: int
     epoch: int = 0  # 0: free
     used_bytes: int = 0
-    writes_inflight: int = 0
+    writes_inflight: int = 0  # record writes, and the footer's
+    sealed: bool = False  # takes no more appends; its footer follows its last write
+    footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
+    last_access: int = 0
+    live: int = 0  # records the store uses
+    records: list[tuple[int, RecordHeader]] = field(default_factory=list)  # written, for the footer
+
+    def fits(self, header: RecordHeader, region_bytes: int) -> bool:
+        footer = align_up(self.footer_bytes + entry_bytes_max(header))
+        return self.used_bytes + header.record_bytes + footer + TRAILER_BYTES <= region_bytes
+
+    def refill(self, epoch: int, now: int) -> None:
+        self.epoch, self.last_access = epoch, now
+        self.used_bytes = self.footer_bytes = self.live = 0
+        self.sealed = False
+        self.records = []
 
 
 class _Database:
@@ -74,8 +104,12 @@ class _Database:
     def region_offset(self, region: int) -> int:
         return PAGE_BYTES + region * self.region_bytes
 
+    def location(self, region: _Region, offset: int, header: RecordHeader) -> Location:
+        start = self.region_offset(region.index) + offset
+        return Location(self.index, region.index, region.epoch, start, header.record_bytes)
+
     def _load_or_format_superblock(self) -> int:
-        page = _aligned(PAGE_BYTES)
+        page = aligned(PAGE_BYTES)
         self.device.read([page], 0)
         found = unpack_superblock(page)
         if found is not None:
@@ -86,20 +120,24 @@ class _Database:
                     "data dir"
                 )
             return found.salt
+        if any(page):
+            log.warning(
+                "database %d has no valid superblock but is not empty: formatting it "
+                "(whatever it held is lost)",
+                self.index,
+            )
         salt = secrets.randbits(64)
         pack_superblock(Superblock(self.index, self.region_bytes, salt), page)
         # A new superblock invalidates whatever an earlier format left in the regions.
         self.device.write([page], 0)
         for region in self.regions:
-            self.device.write([_aligned(PAGE_BYTES)], self.region_offset(region.index))
+            self.device.write([aligned(PAGE_BYTES)], self.region_offset(region.index))
         self.device.sync()
         return salt
 
 
 class RegionLog:
-    def __init__(
-        self, devices: list[Device], region_bytes: int, on_reclaim: Callable[[int, int, int], None]
-    ) -> None:
+    def __init__(self, devices: list[Device], region_bytes: int, on_reclaim: OnReclaim) -> None:
         assert region_bytes % PAGE_BYTES == 0
         self._databases = [_Database(i, d, region_bytes) for i, d in enumerate(devices)]
         for db in self._databases:
@@ -111,9 +149,11 @@ class RegionLog:
                 )
         self.region_bytes = region_bytes
         self._on_reclaim = on_reclaim
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # on_reclaim may call retain/release
         self._next_epoch = 1
+        self._clock = itertools.count(1)  # orders region accesses, for eviction
         self._local = threading.local()
+        self.reclaims = 0
 
     @property
     def databases(self) -> int:
@@ -131,18 +171,28 @@ class RegionLog:
     def append(self, database: int, header: RecordHeader, payload: memoryview | None) -> Location:
         """Write one record; ``payload`` is page aligned, its length a multiple of 4 KiB."""
         db = self._databases[database]
-        location = self._reserve(db, header.record_bytes)
+        region, offset, header, to_seal = self._reserve(db, header)
+        if to_seal is not None:
+            self._write_footer(db, to_seal)
         page = self._header_page()
-        pack_header(dataclasses.replace(header, epoch=location.epoch), page, db.salt)
+        pack_header(header, page, db.salt)
+        written = False
         try:
-            db.device.write([page] if payload is None else [page, payload], location.offset)
+            db.device.write([page] if payload is None else [page, payload], offset)
             db.group_sync.wrote()
+            written = True
         except OSError as exc:
             raise StorageError(f"write to database {database} failed: {exc}") from exc
         finally:
             with self._lock:
-                db.regions[location.region].writes_inflight -= 1
-        return location
+                start = offset - db.region_offset(region.index)
+                if written:
+                    region.records.append((start, header))
+                region.writes_inflight -= 1
+                seal = self._ready_to_seal(region)
+            if seal:
+                self._write_footer(db, region)
+        return db.location(region, start, header)
 
     def read(self, location: Location, payload: memoryview | None) -> RecordHeader | None:
         """Read the record at ``location``; None when its header is not valid any more."""
@@ -155,7 +205,22 @@ class RegionLog:
         header = unpack_header(page, db.salt)
         if header is None or header.epoch != location.epoch:
             return None
+        region = db.regions[location.region]
+        if region.epoch == location.epoch:
+            region.last_access = next(self._clock)
         return header
+
+    def is_current(self, location: Location) -> bool:
+        """Whether the region still holds the filling ``location`` was written in."""
+        return self._databases[location.database].regions[location.region].epoch == location.epoch
+
+    def retain(self, locations: tuple[Location, ...]) -> None:
+        """The store uses these records: their regions are not empty."""
+        self._count_live(locations, 1)
+
+    def release(self, locations: tuple[Location, ...]) -> None:
+        """The store no longer uses these records."""
+        self._count_live(locations, -1)
 
     def sync(self, databases: set[int]) -> None:
         """Make every write completed so far on ``databases`` durable (group commit)."""
@@ -169,113 +234,157 @@ class RegionLog:
         for db in self._databases:
             db.device.close()
 
-    def scan(self) -> Iterator[tuple[Location, RecordHeader]]:
-        """Yield every record on the devices; call once, before the first append."""
+    def scan(self, progress: Progress | None = None) -> Iterator[tuple[Location, RecordHeader]]:
+        """Yield every record on the devices; call once, before the first append.
+
+        A region with a valid footer is read from it; any other is walked header by header,
+        and gets its footer written then, so the next restart is fast.
+        """
+        total = sum(len(db.regions) for db in self._databases)
+        done = 0
         for db in self._databases:
             for region in db.regions:
-                yield from self._scan_region(db, region)
-        live = [r.epoch for db in self._databases for r in db.regions]
-        self._next_epoch = max(live, default=0) + 1
+                for offset, header in self._recover_region(db, region):
+                    yield db.location(region, offset, header), header
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        regions = [r for db in self._databases for r in db.regions]
+        top = max((r.epoch for r in regions), default=0)
+        self._next_epoch = top + 1
+        self._clock = itertools.count(top + 1)
 
-    def _scan_region(
-        self, db: _Database, region: _Region
-    ) -> Iterator[tuple[Location, RecordHeader]]:
-        start = db.region_offset(region.index)
-        page = _aligned(PAGE_BYTES)
-        db.device.read([page], start)
-        first = unpack_header(page, db.salt)
+    def _recover_region(self, db: _Database, region: _Region) -> list[tuple[int, RecordHeader]]:
+        reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
+        first = first_header(reader, db.salt)
         if first is None:
-            return
-        region.epoch = first.epoch
-        offset = 0
-        while offset + HEADER_BYTES <= db.region_bytes:
-            db.device.read([page], start + offset)
-            header = unpack_header(page, db.salt)
-            if header is None or header.epoch != region.epoch:
-                found = self._resync(db, region, offset + PAGE_BYTES)
-                if found is None:
-                    break
-                offset = found
-                continue
-            if offset + header.record_bytes > db.region_bytes:
-                break
-            yield (
-                Location(db.index, region.index, region.epoch, start + offset, header.record_bytes),
-                header,
+            return []
+        region.epoch = region.last_access = first.epoch
+        region.sealed = True
+        records = read_footer(reader, db.salt, first.epoch)
+        if records:
+            region.used_bytes = records[-1][0] + records[-1][1].record_bytes
+            region.records = records
+            return records
+
+        def hole(at: int, resumed: int) -> None:
+            log.warning(
+                "database %d region %d: skipped damaged bytes %d..%d",
+                db.index,
+                region.index,
+                at,
+                resumed,
             )
-            offset += header.record_bytes
-            region.used_bytes = offset
 
-    def _resync(self, db: _Database, region: _Region, offset: int) -> int | None:
-        """The offset of the next valid header of this region's epoch at or after ``offset``."""
-        start = db.region_offset(region.index)
-        chunk = _aligned(SCAN_CHUNK_BYTES)
-        while offset + HEADER_BYTES <= db.region_bytes:
-            length = min(SCAN_CHUNK_BYTES, db.region_bytes - offset)
-            view = chunk[:length]
-            db.device.read([view], start + offset)
-            for page_at in range(0, length - HEADER_BYTES + 1, PAGE_BYTES):
-                if view[page_at : page_at + 8] != RECORD_MAGIC:
-                    continue
-                header = unpack_header(view[page_at : page_at + HEADER_BYTES], db.salt)
-                if header is not None and header.epoch == region.epoch:
-                    log.warning(
-                        "database %d region %d: skipped a damaged record before offset %d",
-                        db.index,
-                        region.index,
-                        offset + page_at,
-                    )
-                    return offset + page_at
-            offset += length
-        return None
+        records = list(walk(reader, db.salt, first.epoch, hole))
+        region.records = records
+        if records:
+            region.used_bytes = records[-1][0] + records[-1][1].record_bytes
+            region.writes_inflight += 1
+            self._write_footer(db, region)
+        return records
 
-    def _reserve(self, db: _Database, record_bytes: int) -> Location:
-        if record_bytes > db.region_bytes:
+    def _reserve(
+        self, db: _Database, header: RecordHeader
+    ) -> tuple[_Region, int, RecordHeader, _Region | None]:
+        """Room for ``header``'s record: (region, device offset, header with the region's
+        epoch, a region just sealed whose footer the caller writes)."""
+        if not _Region(0).fits(header, db.region_bytes):
             raise StorageError(
-                f"a record of {record_bytes} bytes does not fit a region of "
-                f"{db.region_bytes}: raise `region_size` above `fragment_size`"
+                f"a record of {header.record_bytes} bytes and its footer entry do not fit a "
+                f"region of {db.region_bytes}: raise `region_size` above `fragment_size`"
             )
         with self._lock:
             region = db.open
-            if region is None or region.used_bytes + record_bytes > db.region_bytes:
+            to_seal = None
+            if region is None or not region.fits(header, db.region_bytes):
+                if region is not None:
+                    region.sealed = True
+                    to_seal = region if self._ready_to_seal(region) else None
                 region = db.open = self._take_region(db)
-            offset = region.used_bytes
-            region.used_bytes += record_bytes
+            offset = db.region_offset(region.index) + region.used_bytes
+            region.used_bytes += header.record_bytes
+            region.footer_bytes += entry_bytes_max(header)
             region.writes_inflight += 1
-            return Location(
-                db.index,
-                region.index,
-                region.epoch,
-                db.region_offset(region.index) + offset,
-                record_bytes,
-            )
+            return region, offset, dataclasses.replace(header, epoch=region.epoch), to_seal
+
+    def _ready_to_seal(self, region: _Region) -> bool:
+        """Under the lock: whether the footer is due now; if so the caller writes it."""
+        if region.sealed and region.writes_inflight == 0 and region.records:
+            region.writes_inflight += 1  # the footer write: no reclaim meanwhile
+            return True
+        return False
+
+    def _write_footer(self, db: _Database, region: _Region) -> None:
+        """Write ``region``'s footer and trailer (counted in its writes_inflight)."""
+        try:
+            with self._lock:
+                records = list(region.records)
+                epoch = region.epoch
+            reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
+            if write_footer(reader, db.salt, epoch, records):
+                db.group_sync.wrote()
+            else:
+                log.warning("database %d region %d: no room for its footer", db.index, region.index)
+        except OSError as exc:
+            log.error("database %d region %d: footer not written: %s", db.index, region.index, exc)
+        finally:
+            with self._lock:
+                region.writes_inflight -= 1
+
+    def _count_live(self, locations: tuple[Location, ...], delta: int) -> None:
+        with self._lock:
+            for location in locations:
+                region = self._databases[location.database].regions[location.region]
+                if region.epoch == location.epoch:
+                    region.live += delta
 
     def _take_region(self, db: _Database) -> _Region:
-        """A region to open, reclaiming the oldest sealed one when none is free (under the lock)."""
+        """A region to open (under the lock): a free one, else the best one to reclaim."""
+        carried: list[RecordHeader] = []
         free = [r for r in db.regions if r.epoch == 0]
         if free:
             region = free[0]
         else:
-            sealed = [r for r in db.regions if r is not db.open and r.writes_inflight == 0]
-            if not sealed:
+            idle = [r for r in db.regions if r is not db.open and r.writes_inflight == 0]
+            if not idle:
                 raise StorageError(
                     f"database {db.index} has no region to reclaim; every region "
                     "has writes in flight"
                 )
-            region = min(sealed, key=lambda r: r.epoch)
-            self._on_reclaim(db.index, region.index, region.epoch)
-        region.epoch = self._next_epoch
+            region = min(idle, key=lambda r: (r.live > 0, r.last_access))
+            carried = self._on_reclaim(db.index, region.index, region.epoch)
+            self.reclaims += 1
+        region.refill(self._next_epoch, next(self._clock))
         self._next_epoch += 1
-        region.used_bytes = 0
+        if carried:
+            self._carry(db, region, carried)
         return region
+
+    def _carry(self, db: _Database, region: _Region, records: list[RecordHeader]) -> None:
+        """Write ``records`` (header-only) at the start of ``region``'s new filling."""
+        pages = []
+        for record in records:
+            header = dataclasses.replace(record, epoch=region.epoch)
+            if not region.fits(header, db.region_bytes):
+                log.error("database %d: %d records not carried", db.index, len(records))
+                break
+            page = aligned(HEADER_BYTES)
+            pack_header(header, page, db.salt)
+            pages.append(page)
+            region.records.append((region.used_bytes, header))
+            region.used_bytes += HEADER_BYTES
+            region.footer_bytes += entry_bytes_max(header)
+        if not pages:
+            return
+        try:
+            db.device.write(pages, db.region_offset(region.index))
+            db.group_sync.wrote()
+        except OSError as exc:
+            log.error("database %d: carried records not written: %s", db.index, exc)
 
     def _header_page(self) -> memoryview:
         page: memoryview | None = getattr(self._local, "page", None)
         if page is None:
-            page = self._local.page = _aligned(PAGE_BYTES)
+            page = self._local.page = aligned(PAGE_BYTES)
         return page
-
-
-def _aligned(size: int) -> memoryview:
-    """A page-aligned, zeroed buffer (anonymous mmap), as O_DIRECT requires."""
-    return memoryview(mmap.mmap(-1, size))

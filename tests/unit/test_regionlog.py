@@ -100,3 +100,84 @@ def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
     location = log.append(0, header(1, 5000), extent(data))
     out = extent(bytes(5000))
     assert log.read(location, out) is not None and bytes(out[:5000]) == data
+
+
+class CountingDevice(MemoryDevice):
+    """Counts reads, to tell a footer read from a header walk."""
+
+    def __init__(self, size_bytes: int) -> None:
+        super().__init__(size_bytes)
+        self.reads = 0
+
+    def read(self, buffers: list[memoryview], offset: int) -> None:
+        self.reads += 1
+        super().read(buffers, offset)
+
+
+def fill(log: RegionLog, count: int, size: int = 4096) -> list[int]:
+    record = extent(payload(6, size))
+    return [log.append(0, header(i, size), record).region for i in range(count)]
+
+
+def test_sealed_regions_are_recovered_from_their_footer_in_three_reads() -> None:
+    device = CountingDevice(SIZE)
+    regions = fill(RegionLog([device], REGION, lambda *r: []), 100)  # 8 KiB records
+    sealed = len(set(regions)) - 1  # the last region is still open
+    assert sealed >= 2
+    device.reads = 0
+    found = list(RegionLog([device], REGION, lambda *r: []).scan())
+    assert [h.seq for _, h in found] == list(range(100))
+    # superblock + per region: first page, trailer page, footer; the open region is walked.
+    walked_reads = device.reads - 1 - 3 * sealed
+    assert 0 < walked_reads <= 4
+    device.reads = 0
+    again = list(RegionLog([device], REGION, lambda *r: []).scan())
+    assert again == found  # the walk sealed the open region: now read from its footer too
+    assert device.reads <= 1 + 3 * (sealed + 1) + 1
+
+
+def test_a_damaged_footer_costs_a_walk_never_a_record() -> None:
+    device = MemoryDevice(SIZE)
+    log = RegionLog([device], REGION, lambda *r: [])
+    fill(log, 60)
+    trailer_at = 4096 + REGION - 4096  # region 0's trailer
+    device.corrupt(trailer_at + 40)
+    found = [h.seq for _, h in RegionLog([device], REGION, lambda *r: []).scan()]
+    assert found == list(range(60))
+
+
+def test_footers_agree_with_a_header_walk_after_wrapping_around() -> None:
+    devices = [MemoryDevice(SIZE)]
+    log = RegionLog(devices, REGION, lambda *r: [])
+    fill(log, 300, size=20_000)  # several times the capacity
+    from_footers = list(RegionLog(devices, REGION, lambda *r: []).scan())
+    seqs = [h.seq for _, h in from_footers]
+    assert seqs == sorted(seqs) or sorted(seqs) == list(range(min(seqs), 300))
+    assert 300 - 1 in seqs and len(seqs) >= 20
+
+
+def test_eviction_spares_recently_read_regions() -> None:
+    log = RegionLog([MemoryDevice(SIZE)], REGION, lambda *r: [])
+    record = extent(payload(7, 60 * 2**10))
+    hot = log.append(0, header(0, 60 * 2**10), record)
+    for i in range(1, 60):  # about four times the capacity
+        log.append(0, header(i, 60 * 2**10), record)
+        assert log.read(hot, None) is not None, f"the hot record was evicted at append {i}"
+
+
+def test_eviction_reclaims_emptied_regions_first() -> None:
+    reclaimed: list[tuple[int, int, int]] = []
+    log = RegionLog([MemoryDevice(SIZE)], REGION, lambda *r: reclaimed.append(r) or [])
+    record = extent(payload(8, 60 * 2**10))
+    locations = [log.append(0, header(i, 60 * 2**10), record) for i in range(12)]  # 4 regions
+    assert not reclaimed
+    for location in locations:
+        log.retain((location,))
+    emptied = locations[4].region  # not the oldest region
+    assert emptied != locations[0].region
+    for location in locations:
+        if location.region == emptied:
+            log.release((location,))
+    for i in range(12, 16):
+        log.append(0, header(i, 60 * 2**10), record)
+    assert reclaimed[0][1] == emptied

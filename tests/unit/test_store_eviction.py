@@ -1,0 +1,115 @@
+"""Goal: eviction keeps what is used and never brings back what was deleted or replaced.
+Recently read objects survive a flood of writes (approximate LRU by region), deleted objects free
+their space before anything live is evicted, and a tombstone outlives the records it shadows
+whatever order regions are reclaimed in, across restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.backends.memory import MemoryDevice
+from gateway.config import GatewayConfig, resolve_capacity
+from gateway.store import Store
+from tests.unit.storage_helpers import REGION, extent, open_store, payload
+
+SIZE = 4096 + 8 * REGION  # one database of eight regions
+
+
+def read(store: Store, key: str, size: int) -> bytes | None:
+    out = extent(bytes(size))
+    return bytes(out[:size]) if store.get("t", key, out, size) else None
+
+
+def region_of(store: Store, key: str) -> int:
+    manifest = store.index.get(("t", key))
+    assert manifest is not None
+    return manifest.locations[0].region
+
+
+def flood(store: Store, count: int, hot: dict[str, bytes], tag: str = "cold") -> None:
+    """Write ``count`` new 40 KB objects, reading every ``hot`` object after every fourth."""
+    for i in range(count):
+        store.put("t", f"{tag}{i}", extent(payload(i % 5, 40_000)), 40_000)
+        if i % 4 == 0:
+            for key, data in hot.items():
+                assert read(store, key, len(data)) == data, f"{key} evicted at write {i}"
+
+
+def test_recently_read_objects_survive_a_flood_of_writes() -> None:
+    store = open_store([MemoryDevice(SIZE)])
+    hot = {f"hot{i}": payload(100 + i, 20_000) for i in range(3)}
+    for key, data in hot.items():
+        store.put("t", key, extent(data), len(data))
+    count = 5 * store.statistics().capacity_bytes // 40_000
+    flood(store, count, hot)
+    assert store.statistics().reclaims >= 20
+    assert read(store, f"cold{count // 2}", 40_000) is None  # cold regions went
+
+
+def test_deleted_objects_free_space_before_anything_live_is_evicted() -> None:
+    store = open_store([MemoryDevice(SIZE)])
+    count = (store.statistics().capacity_bytes - 2 * REGION) // 45_000
+    for i in range(count):
+        store.put("t", f"a{i}", extent(payload(i, 40_000)), 40_000)
+    store.delete("t", [f"a{i}" for i in range(1, count)])  # keep a0, in the oldest region
+    for i in range(count):
+        store.put("t", f"b{i}", extent(payload(i, 40_000)), 40_000)
+    assert store.statistics().reclaims > 0  # the space was reused...
+    assert read(store, "a0", 40_000) == payload(0, 40_000)  # ...without evicting a live object
+    assert store.exists("t", [f"b{i}" for i in range(count)]) == [True] * count
+
+
+def fill_region(store: Store, key: str) -> None:
+    """Write filler until the open region is no longer the one holding ``key``."""
+    region = region_of(store, key)
+    i = 0
+    while region_of(store, f"fill-{key}-{i - 1}" if i else key) == region:
+        store.put("t", f"fill-{key}-{i}", extent(payload(i, 40_000)), 40_000)
+        i += 1
+
+
+def test_a_deleted_object_never_returns_when_its_tombstone_is_evicted_first() -> None:
+    device = MemoryDevice(SIZE)
+    store = open_store([device])
+    hot = {"hot": payload(1, 20_000)}
+    store.put("t", "gone", extent(payload(2, 20_000)), 20_000)
+    store.put("t", "hot", extent(hot["hot"]), 20_000)
+    fill_region(store, "gone")
+    assert store.delete("t", ["gone"]) == [True]  # its tombstone lands in a newer region
+    flood(store, 3 * store.statistics().capacity_bytes // 40_000, hot)  # the old region stays hot
+    reopened = open_store([device])
+    assert reopened.exists("t", ["gone", "hot"]) == [False, True]
+    assert reopened.statistics().tombstones == 1  # still shadowing the data in the hot region
+
+
+def test_an_overwritten_object_never_returns_in_its_old_length() -> None:
+    device = MemoryDevice(SIZE)
+    store = open_store([device])
+    hot = {"hot": payload(1, 20_000)}
+    store.put("t", "k", extent(payload(2, 20_000)), 20_000)
+    store.put("t", "hot", extent(hot["hot"]), 20_000)
+    fill_region(store, "k")
+    store.put("t", "k", extent(payload(3, 30_000)), 30_000)  # another length: a new version
+    assert read(store, "k", 30_000) == payload(3, 30_000)
+    flood(store, 3 * store.statistics().capacity_bytes // 40_000, hot)
+    manifest = open_store([device]).index.get(("t", "k"))
+    assert manifest is None or manifest.object_bytes == 30_000
+
+
+def test_used_space_and_objects_are_the_same_after_a_restart() -> None:
+    device = MemoryDevice(SIZE)
+    store = open_store([device])
+    flood(store, 3 * store.statistics().capacity_bytes // 40_000, {})
+    before = store.statistics()
+    after = open_store([device]).statistics()
+    assert after.objects == before.objects > 0
+    assert after.capacity_bytes == before.capacity_bytes
+    assert before.used_bytes - REGION <= after.used_bytes <= after.capacity_bytes
+
+
+def test_an_automatic_capacity_is_taken_from_existing_databases(tmp_path: Path) -> None:
+    config = GatewayConfig(data_dirs=[str(tmp_path)], databases_per_dir=2, region_size=2**20)
+    for path in config.database_paths:
+        with open(path, "wb") as f:
+            f.truncate(24 * 2**20)  # as a first start would have made them
+    assert resolve_capacity(config).capacity == 48 * 2**20
