@@ -97,12 +97,13 @@ def _check_region(
     if first is None:
         return []
     report.regions += 1
-    damaged_before = len(report.damage)
+
+    holes: list[str] = []
 
     def hole(at: int, resumed: int) -> None:
-        report.damage.append(f"{where}: bytes {at}..{resumed} hold no valid record")
+        holes.append(f"{where}: bytes {at}..{resumed} hold no valid record")
 
-    walked = list(walk(reader, salt, first.epoch, hole))
+    walked = [r for r in walk(reader, salt, first.epoch, hole) if r[1].kind != Kind.REGION]
     good = []
     for offset, header in walked:
         report.records += 1
@@ -123,7 +124,11 @@ def _check_region(
     elif footer != walked:
         report.footers_wrong += 1
         report.damage.append(f"{where}: its footer does not list the records found")
-    needs_footer = not footer or footer != walked or len(report.damage) > damaged_before
+    if footer != good:
+        # A hole that a valid footer leaves out is a write that failed before it was indexed
+        # (or a record an earlier --fix invalidated); any other is damage.
+        report.damage.extend(holes)
+    needs_footer = footer != good
     if fix and needs_footer and good and write_footer(reader, salt, first.epoch, good):
         report.fixed += 1
     return [header for _, header in good]

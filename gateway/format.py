@@ -33,6 +33,7 @@ NAME_BYTES_MAX = _CHECKSUM_OFFSET - _FIXED.size
 class Kind(IntEnum):
     DATA = 1
     TOMBSTONE = 2
+    REGION = 3  # header-only first record of every filling of a region: gives its epoch
 
 
 def checksum(data: bytes | memoryview, seed: int = 0) -> int:
@@ -119,7 +120,7 @@ def unpack_header(buf: bytes | memoryview, seed: int) -> RecordHeader | None:
         tenant_len,
         key_len,
     ) = _FIXED.unpack_from(buf)
-    if version != FORMAT_VERSION or kind not in (Kind.DATA, Kind.TOMBSTONE):
+    if version != FORMAT_VERSION or kind not in Kind.__members__.values():
         return None
     if tenant_len + key_len > NAME_BYTES_MAX or fragment_index >= max(fragment_count, 1):
         return None

@@ -91,8 +91,11 @@ class Store:
         if existing is not None and existing.object_bytes == object_bytes:
             self._counts["stores_skipped"] += 1
             return
-        if existing is not None:  # another length: the old version must never come back
-            self._bury((tenant, key), existing)
+        synced = set()
+        if existing is not None and self._drop((tenant, key), existing):
+            # Another length: the old version must never come back, so its tombstone is synced
+            # with the new version.
+            synced.add(existing.locations[0].database)
         extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
         seq = self._next_seq()
         plan = fragmenter.plan(
@@ -116,7 +119,7 @@ class Store:
             padded = extent[fragment.offset : fragment.offset + align_up(fragment.length)]
             locations.append(self._log.append(fragment.database, header, padded))
         if self._sync:
-            self._log.sync({loc.database for loc in locations})
+            self._log.sync(synced | {loc.database for loc in locations})
         manifest = Manifest(seq, object_bytes, self._fragment_bytes_max, tuple(locations))
         self._publish((tenant, key), manifest)
         self._counts["stores"] += 1
@@ -129,11 +132,16 @@ class Store:
             self._counts["load_misses"] += 1
             return False
         for index, location in enumerate(manifest.locations):
-            if not self._read_fragment((tenant, key), manifest, index, location, extent):
+            try:
+                intact = self._read_fragment((tenant, key), manifest, index, location, extent)
+            except StorageError as exc:  # the device failed, maybe for a moment: keep the object
+                log.error("%s/%s: %s", tenant, key, exc)
+                self._counts["load_misses"] += 1
+                return False
+            if not intact:
                 self._counts["verify_failures"] += 1
                 self._counts["load_misses"] += 1
-                if self.index.remove((tenant, key), manifest.seq) is not None:
-                    self._log.release(manifest.locations)
+                self._drop((tenant, key), manifest)
                 return False
         return True
 
@@ -141,10 +149,12 @@ class Store:
         results = []
         synced: set[int] = set()
         for key in keys:
-            manifest = self.index.remove((tenant, key))
-            results.append(manifest is not None)
-            if manifest is not None:
-                synced.add(self._bury((tenant, key), manifest))
+            manifest = self.index.get((tenant, key))
+            dropped = manifest is not None and self._drop((tenant, key), manifest)
+            results.append(dropped)
+            if dropped:
+                assert manifest is not None
+                synced.add(manifest.locations[0].database)
         if self._sync and synced:
             self._log.sync(synced)
         return results
@@ -155,14 +165,18 @@ class Store:
         if unused is not None:
             self._log.release(unused.locations)
 
-    def _bury(self, object_id: ObjectId, manifest: Manifest) -> int:
-        """Append a tombstone for ``manifest``'s version and stop using its records."""
+    def _drop(self, object_id: ObjectId, manifest: Manifest) -> bool:
+        """Bury this version under a tombstone, then remove it from the index, so that a restart
+        agrees with the index; False when the index holds another version by now. Raises
+        StorageError, with nothing changed, when the tombstone cannot be written."""
         tombstone = RecordHeader(Kind.TOMBSTONE, self._next_seq(), *object_id, 0)
         at = self._log.append(manifest.locations[0].database, tombstone, None)
+        if self.index.remove(object_id, manifest.seq) is None:
+            return False
+        self._log.release(manifest.locations)
         with self._tombstones_lock:
             self._tombstones.add(object_id, tombstone.seq, at, manifest.locations)
-        self._log.release(manifest.locations)
-        return at.database
+        return True
 
     def recover(self) -> int:
         """Rebuild the index from disk; returns the number of objects found."""
@@ -225,14 +239,11 @@ class Store:
         location: Location,
         extent: memoryview,
     ) -> bool:
+        """Whether the fragment is what the index says; raises StorageError if unreadable."""
         offset = index * manifest.fragment_bytes
         length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
         padded = extent[offset : offset + align_up(length)]
-        try:
-            header = self._log.read(location, padded)
-        except StorageError as exc:
-            log.error("%s/%s: %s", *object_id, exc)
-            return False
+        header = self._log.read(location, padded)
         expected = (Kind.DATA, object_id[0], object_id[1], manifest.seq, index, offset, length)
         if header is None or expected != (
             header.kind,

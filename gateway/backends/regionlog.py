@@ -45,6 +45,7 @@ from gateway.errors import StartupError, StorageError
 from gateway.footer import TRAILER_BYTES, entry_bytes_max
 from gateway.format import (
     HEADER_BYTES,
+    Kind,
     RecordHeader,
     Superblock,
     pack_header,
@@ -276,7 +277,7 @@ class RegionLog:
                 resumed,
             )
 
-        records = list(walk(reader, db.salt, first.epoch, hole))
+        records = [r for r in walk(reader, db.salt, first.epoch, hole) if r[1].kind != Kind.REGION]
         region.records = records
         if records:
             region.used_bytes = records[-1][0] + records[-1][1].record_bytes
@@ -300,6 +301,7 @@ class RegionLog:
             if region is None or not region.fits(header, db.region_bytes):
                 if region is not None:
                     region.sealed = True
+                    db.open = None
                     to_seal = region if self._ready_to_seal(region) else None
                 region = db.open = self._take_region(db)
             offset = db.region_offset(region.index) + region.used_bytes
@@ -357,31 +359,31 @@ class RegionLog:
             self.reclaims += 1
         region.refill(self._next_epoch, next(self._clock))
         self._next_epoch += 1
-        if carried:
-            self._carry(db, region, carried)
+        self._start_filling(db, region, carried)
         return region
 
-    def _carry(self, db: _Database, region: _Region, records: list[RecordHeader]) -> None:
-        """Write ``records`` (header-only) at the start of ``region``'s new filling."""
+    def _start_filling(self, db: _Database, region: _Region, carried: list[RecordHeader]) -> None:
+        """Write the region's first page, which gives its new epoch to any recovery (so a
+        failed first append cannot hide the records after it), then the carried tombstones."""
+        start = RecordHeader(Kind.REGION, 0, "", "", 0, epoch=region.epoch)
         pages = []
-        for record in records:
-            header = dataclasses.replace(record, epoch=region.epoch)
-            if not region.fits(header, db.region_bytes):
-                log.error("database %d: %d records not carried", db.index, len(records))
+        for record in [start, *(dataclasses.replace(r, epoch=region.epoch) for r in carried)]:
+            if not region.fits(record, db.region_bytes):
+                log.error("database %d: %d tombstones not carried", db.index, len(carried))
                 break
             page = aligned(HEADER_BYTES)
-            pack_header(header, page, db.salt)
+            pack_header(record, page, db.salt)
             pages.append(page)
-            region.records.append((region.used_bytes, header))
+            if record is not start:
+                region.records.append((region.used_bytes, record))
+                region.footer_bytes += entry_bytes_max(record)
             region.used_bytes += HEADER_BYTES
-            region.footer_bytes += entry_bytes_max(header)
-        if not pages:
-            return
         try:
             db.device.write(pages, db.region_offset(region.index))
             db.group_sync.wrote()
         except OSError as exc:
-            log.error("database %d: carried records not written: %s", db.index, exc)
+            region.refill(0, 0)  # free again: its old content is forgotten already
+            raise StorageError(f"write to database {db.index} failed: {exc}") from exc
 
     def _header_page(self) -> memoryview:
         page: memoryview | None = getattr(self._local, "page", None)

@@ -27,7 +27,7 @@ def devices(request: pytest.FixtureRequest, tmp_path: Path) -> list[Device]:
 
 
 def test_append_then_read(devices: list[Device]) -> None:
-    log = RegionLog(devices, REGION, lambda *r: None)
+    log = RegionLog(devices, REGION, lambda *r: [])
     data = payload(1, 10000)
     location = log.append(0, header(1, 10000), extent(data))
     out = extent(bytes(10000))
@@ -38,7 +38,7 @@ def test_append_then_read(devices: list[Device]) -> None:
 
 def test_full_log_reclaims_the_oldest_region_first(devices: list[Device]) -> None:
     reclaimed: list[tuple[int, int, int]] = []
-    log = RegionLog(devices, REGION, lambda *r: reclaimed.append(r))
+    log = RegionLog(devices, REGION, lambda *r: reclaimed.append(r) or [])
     record = extent(payload(2, 60 * 2**10))
     locations = [log.append(0, header(i, 60 * 2**10), record) for i in range(40)]
     assert log.used_bytes <= log.capacity_bytes
@@ -50,11 +50,11 @@ def test_full_log_reclaims_the_oldest_region_first(devices: list[Device]) -> Non
 
 
 def test_scan_after_restart_finds_live_records_only(devices: list[Device]) -> None:
-    log = RegionLog(devices, REGION, lambda *r: None)
+    log = RegionLog(devices, REGION, lambda *r: [])
     record = extent(payload(3, 50 * 2**10))
     for i in range(30):  # wraps around: early regions are reused with new epochs
         log.append(0, header(i, 50 * 2**10), record)
-    reopened = RegionLog(devices, REGION, lambda *r: None)
+    reopened = RegionLog(devices, REGION, lambda *r: [])
     seqs = sorted(h.seq for _, h in reopened.scan())
     assert seqs == list(range(seqs[0], 30))  # a contiguous, newest run: nothing stale
     assert len(seqs) >= 12
@@ -62,18 +62,18 @@ def test_scan_after_restart_finds_live_records_only(devices: list[Device]) -> No
 
 def test_scan_skips_a_torn_record_and_keeps_later_ones() -> None:
     device = MemoryDevice(SIZE)
-    log = RegionLog([device], REGION, lambda *r: None)
+    log = RegionLog([device], REGION, lambda *r: [])
     record = extent(payload(4, 8192))
     locations = [log.append(0, header(i, 8192), record) for i in range(5)]
     device.corrupt(locations[2].offset + 100)  # tear the header of record 2
-    found = [h.seq for _, h in RegionLog([device], REGION, lambda *r: None).scan()]
+    found = [h.seq for _, h in RegionLog([device], REGION, lambda *r: []).scan()]
     assert found == [0, 1, 3, 4]
 
 
 def test_changed_region_size_is_refused(devices: list[Device]) -> None:
-    RegionLog(devices, REGION, lambda *r: None)
+    RegionLog(devices, REGION, lambda *r: [])
     with pytest.raises(StartupError, match="region_size"):
-        RegionLog(devices, REGION // 2, lambda *r: None)
+        RegionLog(devices, REGION // 2, lambda *r: [])
 
 
 def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
@@ -95,7 +95,7 @@ def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
     device = filedevice.FileDevice(str(tmp_path / "db0.adp"), SIZE)
     assert device.direct is False
     assert "refuses O_DIRECT; using buffered I/O" in caplog.text
-    log = RegionLog([device], REGION, lambda *r: None)
+    log = RegionLog([device], REGION, lambda *r: [])
     data = payload(5, 5000)
     location = log.append(0, header(1, 5000), extent(data))
     out = extent(bytes(5000))
