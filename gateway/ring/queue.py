@@ -6,7 +6,10 @@ consumer seeing more than ``capacity`` entries, or a producer seeing the consume
 raises ``ProtocolError``.
 
 Ordering: an entry is written before the tail that publishes it, and read after the tail. Each
-counter is one aligned 8-byte store; x86-64's total store order keeps these in order.
+counter is one aligned 8-byte store; x86-64's total store order keeps these in order. Counters go
+through a memoryview cast to unsigned 64-bit words, which moves all 8 bytes at once:
+``struct.pack_into`` is not usable for them, because it zeroes its target before writing it and
+the peer can read that zero in between.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from gateway.ring.layout import (
     Submission,
 )
 
-_COUNTER = struct.Struct("<Q")
 E = TypeVar("E", Submission, Completion)
 
 
@@ -43,6 +45,7 @@ class _Queue(Generic[E]):
         peer_offset: int,
     ) -> None:
         self._buf = buf
+        self._words = buf.cast("Q")  # the mapping's length is a multiple of 4 KiB
         self._entries_offset = entries_offset
         self._entry = entry
         self._make = make
@@ -52,10 +55,10 @@ class _Queue(Generic[E]):
         self._index = self._read(own_offset)  # our own counter: from here on, ours alone
 
     def _read(self, offset: int) -> int:
-        return int(_COUNTER.unpack_from(self._buf, offset)[0])
+        return int(self._words[offset // 8])
 
     def _publish(self) -> None:
-        _COUNTER.pack_into(self._buf, self._own_offset, self._index)
+        self._words[self._own_offset // 8] = self._index
 
     def _slot_offset(self, index: int) -> int:
         return self._entries_offset + (index % self.capacity) * self._entry.size

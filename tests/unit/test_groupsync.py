@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gateway.backends.groupsync import GroupSync
+from gateway.backends.groupsync import GroupSync, PeriodicSync
 from gateway.backends.memory import MemoryDevice
 
 
@@ -69,3 +69,29 @@ def test_a_failed_sync_raises_and_the_next_caller_retries() -> None:
         pass
     gate.sync()
     assert device.syncs == 1
+
+
+def test_periodic_sync_commits_on_its_clock_and_stops() -> None:
+    ticks: list[float] = []
+    periodic = PeriodicSync(lambda: ticks.append(time.monotonic()), 0.02)
+    periodic.start()
+    time.sleep(0.3)
+    periodic.stop()
+    count = len(ticks)
+    assert 2 <= count <= 16  # about every 20 ms
+    time.sleep(0.06)
+    assert len(ticks) == count  # stopped: no more commits
+
+
+def test_a_failing_periodic_sync_keeps_its_clock() -> None:
+    calls: list[int] = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise OSError(5, "EIO")
+
+    periodic = PeriodicSync(failing, 0.01)
+    periodic.start()
+    time.sleep(0.15)
+    periodic.stop()
+    assert len(calls) >= 3

@@ -4,7 +4,10 @@ impossible counters as a protocol error rather than reading out of bounds."""
 from __future__ import annotations
 
 import mmap
+import os
+import signal
 import struct
+import time
 
 import pytest
 
@@ -80,3 +83,41 @@ def test_layout_is_page_aligned_and_checked_when_mapped() -> None:
     mapping[0:8] = b"XXXXXXXX"
     with pytest.raises(ProtocolError, match="header"):
         map_shared(fd, LAYOUT)
+
+
+def test_a_peer_in_another_process_never_sees_a_half_written_counter() -> None:
+    """The producer runs in a child process and publishes its tail 100,000 times while this
+    process keeps reading it: a counter write the reader can catch half done (struct.pack_into
+    zeroes before it writes) shows up as a ProtocolError here."""
+    fd, mapping = create_shared(LAYOUT)
+    buf = memoryview(mapping)
+    pushes = 100_000
+    pid = os.fork()
+    if pid == 0:  # the producer
+        code = 1
+        try:
+            producer = submission_producer(memoryview(map_shared(fd, LAYOUT)), LAYOUT)
+            sent = 0
+            while sent < pushes:
+                sent += producer.push(entry(sent))
+            code = 0
+        finally:
+            os._exit(code)
+    consumer = submission_consumer(buf, LAYOUT)
+    received: list[int] = []
+    exit_status = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(received) < pushes and time.monotonic() < deadline:
+            received += [e.op_id for e in consumer.pop_all()]
+            if exit_status is None:
+                reaped, status = os.waitpid(pid, os.WNOHANG)
+                exit_status = status if reaped else None
+    finally:
+        if exit_status is None:
+            if len(received) < pushes:
+                os.kill(pid, signal.SIGKILL)
+            exit_status = os.waitpid(pid, 0)[1]
+        os.close(fd)
+    assert received == list(range(pushes))
+    assert os.waitstatus_to_exitcode(exit_status) == 0
