@@ -30,6 +30,7 @@ from gateway.backends.regionscan import (
     write_footer,
 )
 from gateway.errors import StartupError
+from gateway.footer import row_of
 from gateway.format import HEADER_BYTES, Kind, RecordHeader, checksum, unpack_superblock
 from gateway.ring.layout import PAGE_BYTES, align_up
 from gateway.units import format_size
@@ -119,16 +120,18 @@ def _check_region(
             continue
         good.append((offset, header))
     footer = read_footer(reader, salt, first.epoch)
+    walked_rows = [row_of(offset, header) for offset, header in walked]
+    good_rows = [row_of(offset, header) for offset, header in good]
     if not footer:
         report.footers_missing += 1
-    elif footer != walked:
+    elif footer != walked_rows:
         report.footers_wrong += 1
         report.damage.append(f"{where}: its footer does not list the records found")
-    if footer != good:
+    if footer != good_rows:
         # A hole that a valid footer leaves out is a write that failed before it was indexed
         # (or a record an earlier --fix invalidated); any other is damage.
         report.damage.extend(holes)
-    needs_footer = footer != good
+    needs_footer = footer != good_rows
     if fix and needs_footer and good and write_footer(reader, salt, first.epoch, good):
         report.fixed += 1
     return [header for _, header in good]

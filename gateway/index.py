@@ -9,15 +9,14 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.backends.regionlog import Location
 
 ObjectId = tuple[str, str]  # (tenant, key)
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):  # a tuple: a restart makes one per object, fast
     seq: int
     object_bytes: int
     fragment_bytes: int  # every fragment but the last is this long
@@ -39,6 +38,14 @@ class Index:
     def contains(self, tenant: str, keys: Iterable[str]) -> list[bool]:
         objects = self._objects
         return [(tenant, key) in objects for key in keys]
+
+    def load(self, objects: dict[ObjectId, Manifest]) -> None:
+        """Publish a recovery's objects at once (the index is empty, nobody reads it yet)."""
+        with self._lock:
+            self._objects.update(objects)
+            for object_id, manifest in objects.items():
+                for location in manifest.locations:
+                    self._members[(location.database, location.region)].add(object_id)
 
     def put(self, object_id: ObjectId, manifest: Manifest) -> Manifest | None:
         """Publish ``manifest`` unless a newer one is there already (recovery sees any order).

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from gateway import fragmenter
 from gateway.backends.regionlog import Location, RegionLog
 from gateway.errors import StorageError
-from gateway.format import Kind, RecordHeader, checksum, key_hash
+from gateway.format import HEADER_BYTES, Kind, RecordHeader, checksum, key_hash
 from gateway.index import Index, Manifest, ObjectId
-from gateway.ring.layout import align_up
+from gateway.ring.layout import PAGE_BYTES, align_up
 from gateway.tombstones import Tombstones
 
 log = logging.getLogger(__name__)
@@ -179,35 +179,53 @@ class Store:
         return True
 
     def recover(self) -> int:
-        """Rebuild the index from disk; returns the number of objects found."""
-        fragments: dict[tuple[ObjectId, int], dict[int, tuple[Location, RecordHeader]]] = (
+        """Rebuild the index from disk; returns the number of objects found.
+
+        The newest complete version of each object wins, unless a newer tombstone deletes it.
+        Written for speed (100,000 objects in well under a second): it works on footer rows
+        and builds a Location and a Manifest only per record, nothing more.
+        """
+        best: dict[ObjectId, Manifest] = {}
+        older: dict[ObjectId, list[Manifest]] = defaultdict(list)  # complete, superseded
+        fragmented: dict[tuple[ObjectId, int], dict[int, tuple[Location, int, int, int]]] = (
             defaultdict(dict)
         )
         tombstones: dict[ObjectId, tuple[int, Location]] = {}
         top_seq = 0
-        for location, header in self._log.scan(_ProgressLog()):
-            top_seq = max(top_seq, header.seq)
-            object_id = (header.tenant, header.key)
-            if header.kind == Kind.TOMBSTONE:
-                if tombstones.get(object_id, (0, location))[0] < header.seq:
-                    tombstones[object_id] = (header.seq, location)
-            else:
-                fragments[(object_id, header.seq)][header.fragment_index] = (location, header)
-        shadowed: dict[ObjectId, list[Location]] = defaultdict(list)
-        for (object_id, seq), parts in fragments.items():
-            dead_before = tombstones.get(object_id, (0, None))[0]
-            if seq < dead_before:
-                shadowed[object_id].extend(location for location, _ in parts.values())
-                continue
-            manifest = _complete_manifest(seq, parts)
+        for found in self._log.scan(_ProgressLog()):
+            database, region, epoch, start = found.database, found.region, found.epoch, found.start
+            for offset, kind, seq, tenant, key, size, _, length, index, count, _ in found.rows:
+                if seq > top_seq:
+                    top_seq = seq
+                record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
+                location = Location(database, region, epoch, start + offset, record_bytes)
+                object_id = (tenant, key)
+                if kind == _TOMBSTONE:
+                    if tombstones.get(object_id, (0, location))[0] < seq:
+                        tombstones[object_id] = (seq, location)
+                elif kind != _DATA:
+                    continue
+                elif count == 1:
+                    _offer(best, older, object_id, Manifest(seq, size, max(size, 1), (location,)))
+                else:
+                    fragmented[(object_id, seq)][index] = (location, size, length, count)
+        for (object_id, seq), fragments in fragmented.items():
+            manifest = _assemble(seq, fragments)
             if manifest is not None:
-                self._publish(object_id, manifest)
-        for object_id, (seq, location) in tombstones.items():
-            if shadowed[object_id]:
-                self._tombstones.add(object_id, seq, location, shadowed[object_id])
+                _offer(best, older, object_id, manifest)
+        for object_id, (seq, at) in tombstones.items():
+            shadowed = [loc for m in older.get(object_id, ()) if m.seq < seq for loc in m.locations]
+            current = best.get(object_id)
+            if current is not None and current.seq < seq:
+                shadowed.extend(current.locations)
+                del best[object_id]
+            if shadowed:
+                self._tombstones.add(object_id, seq, at, shadowed)
+        self.index.load(best)
+        self._log.retain(tuple(loc for m in best.values() for loc in m.locations))
         with self._seq_lock:
             self._seq = itertools.count(top_seq + 1)
-        return len(self.index)
+        return len(best)
 
     def sync_all(self) -> None:
         """Make every write so far durable on every database."""
@@ -273,20 +291,36 @@ class Store:
             return next(self._seq)
 
 
-def _complete_manifest(
-    seq: int, parts: dict[int, tuple[Location, RecordHeader]]
-) -> Manifest | None:
-    """The manifest of one object version, or None when a fragment is missing."""
-    first = next(iter(parts.values()))[1]
-    if len(parts) != first.fragment_count:
+_DATA, _TOMBSTONE = int(Kind.DATA), int(Kind.TOMBSTONE)
+
+
+def _offer(
+    best: dict[ObjectId, Manifest],
+    older: dict[ObjectId, list[Manifest]],
+    object_id: ObjectId,
+    manifest: Manifest,
+) -> None:
+    """Keep the newest complete version of each object in ``best``, the others in ``older``."""
+    current = best.get(object_id)
+    if current is None:
+        best[object_id] = manifest
+    elif current.seq < manifest.seq:
+        older[object_id].append(current)
+        best[object_id] = manifest
+    else:
+        older[object_id].append(manifest)
+
+
+def _assemble(seq: int, fragments: dict[int, tuple[Location, int, int, int]]) -> Manifest | None:
+    """The manifest of one version from its fragments (location, object bytes, fragment bytes,
+    fragment count), or None when one is missing or they disagree."""
+    _, size, _, count = fragments[next(iter(fragments))]
+    if set(fragments) != set(range(count)):
         return None
-    if any(h.object_bytes != first.object_bytes for _, h in parts.values()):
+    if any(f[1] != size or f[3] != count for f in fragments.values()):
         return None
-    if set(parts) != set(range(first.fragment_count)):
-        return None
-    locations = tuple(parts[i][0] for i in range(first.fragment_count))
-    fragment_bytes = parts[0][1].fragment_bytes if first.fragment_count > 1 else first.object_bytes
-    return Manifest(seq, first.object_bytes, max(fragment_bytes, 1), locations)
+    locations = tuple(fragments[i][0] for i in range(count))
+    return Manifest(seq, size, max(fragments[0][2], 1), locations)
 
 
 class _ProgressLog:

@@ -42,7 +42,7 @@ from gateway.backends.regionscan import (
     write_footer,
 )
 from gateway.errors import StartupError, StorageError
-from gateway.footer import TRAILER_BYTES, entry_bytes_max
+from gateway.footer import TRAILER_BYTES, FooterRow, entry_bytes_max, row_of
 from gateway.format import (
     HEADER_BYTES,
     Kind,
@@ -66,6 +66,16 @@ class Location(NamedTuple):
     epoch: int
     offset: int  # of the record's header, from the start of the device
     record_bytes: int
+
+
+class RegionRecords(NamedTuple):
+    """What a recovery found in one region: its records as footer rows (gateway/footer.py)."""
+
+    database: int
+    region: int
+    epoch: int
+    start: int  # the region's offset on the device; a row's record is at start + row[0]
+    rows: list[FooterRow]
 
 
 @dataclass
@@ -235,8 +245,8 @@ class RegionLog:
         for db in self._databases:
             db.device.close()
 
-    def scan(self, progress: Progress | None = None) -> Iterator[tuple[Location, RecordHeader]]:
-        """Yield every record on the devices; call once, before the first append.
+    def scan(self, progress: Progress | None = None) -> Iterator[RegionRecords]:
+        """Yield the records of every region in use; call once, before the first append.
 
         A region with a valid footer is read from it; any other is walked header by header,
         and gets its footer written then, so the next restart is fast.
@@ -245,8 +255,10 @@ class RegionLog:
         done = 0
         for db in self._databases:
             for region in db.regions:
-                for offset, header in self._recover_region(db, region):
-                    yield db.location(region, offset, header), header
+                rows = self._recover_region(db, region)
+                if rows:
+                    start = db.region_offset(region.index)
+                    yield RegionRecords(db.index, region.index, region.epoch, start, rows)
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -255,18 +267,17 @@ class RegionLog:
         self._next_epoch = top + 1
         self._clock = itertools.count(top + 1)
 
-    def _recover_region(self, db: _Database, region: _Region) -> list[tuple[int, RecordHeader]]:
+    def _recover_region(self, db: _Database, region: _Region) -> list[FooterRow]:
         reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
         first = first_header(reader, db.salt)
         if first is None:
             return []
         region.epoch = region.last_access = first.epoch
         region.sealed = True
-        records = read_footer(reader, db.salt, first.epoch)
-        if records:
-            region.used_bytes = records[-1][0] + records[-1][1].record_bytes
-            region.records = records
-            return records
+        rows = read_footer(reader, db.salt, first.epoch)
+        if rows:
+            region.used_bytes = rows[-1][0] + HEADER_BYTES + align_up(rows[-1][7])
+            return rows
 
         def hole(at: int, resumed: int) -> None:
             log.warning(
@@ -283,7 +294,7 @@ class RegionLog:
             region.used_bytes = records[-1][0] + records[-1][1].record_bytes
             region.writes_inflight += 1
             self._write_footer(db, region)
-        return records
+        return [row_of(offset, header) for offset, header in records]
 
     def _reserve(
         self, db: _Database, header: RecordHeader

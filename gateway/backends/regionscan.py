@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from gateway.backends.base import Device
 from gateway.footer import (
     TRAILER_BYTES,
+    FooterRow,
     Trailer,
     pack_footer,
     pack_trailer,
@@ -64,8 +65,8 @@ def first_header(reader: RegionReader, salt: int) -> RecordHeader | None:
     return unpack_header(reader.page(0, read_ahead=False), salt)
 
 
-def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[tuple[int, RecordHeader]]:
-    """The (offset, header) records a valid footer of this epoch lists; [] when there is none."""
+def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[FooterRow]:
+    """The rows a valid footer of this epoch lists; [] when there is none."""
     trailer_at = reader.region_bytes - TRAILER_BYTES
     trailer = unpack_trailer(reader.page(trailer_at, read_ahead=False), salt)
     if trailer is None or trailer.epoch != epoch:
@@ -73,10 +74,8 @@ def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[tuple[int, 
     end = trailer.footer_offset + trailer.footer_bytes
     if trailer.footer_offset % PAGE_BYTES or end > reader.region_bytes - TRAILER_BYTES:
         return []
-    records = unpack_footer(reader.read(trailer.footer_offset, trailer.footer_bytes), trailer, salt)
-    if not records or any(o + h.record_bytes > trailer.footer_offset for o, h in records):
-        return []
-    return records
+    rows = unpack_footer(reader.read(trailer.footer_offset, trailer.footer_bytes), trailer, salt)
+    return rows or []
 
 
 def write_footer(

@@ -17,6 +17,11 @@ from tests.unit.storage_helpers import REGION, extent, make_devices, payload
 SIZE = 4096 + 4 * REGION  # superblock + four regions
 
 
+def scanned_seqs(log: RegionLog) -> list[int]:
+    """The seq of every record a recovery scan finds, in scan order."""
+    return [row[2] for found in log.scan() for row in found.rows]
+
+
 def header(seq: int, size: int) -> RecordHeader:
     return RecordHeader(Kind.DATA, seq, "t", f"k{seq}", size, 0, size)
 
@@ -55,7 +60,7 @@ def test_scan_after_restart_finds_live_records_only(devices: list[Device]) -> No
     for i in range(30):  # wraps around: early regions are reused with new epochs
         log.append(0, header(i, 50 * 2**10), record)
     reopened = RegionLog(devices, REGION, lambda *r: [])
-    seqs = sorted(h.seq for _, h in reopened.scan())
+    seqs = sorted(scanned_seqs(reopened))
     assert seqs == list(range(seqs[0], 30))  # a contiguous, newest run: nothing stale
     assert len(seqs) >= 12
 
@@ -66,7 +71,7 @@ def test_scan_skips_a_torn_record_and_keeps_later_ones() -> None:
     record = extent(payload(4, 8192))
     locations = [log.append(0, header(i, 8192), record) for i in range(5)]
     device.corrupt(locations[2].offset + 100)  # tear the header of record 2
-    found = [h.seq for _, h in RegionLog([device], REGION, lambda *r: []).scan()]
+    found = scanned_seqs(RegionLog([device], REGION, lambda *r: []))
     assert found == [0, 1, 3, 4]
 
 
@@ -125,13 +130,13 @@ def test_sealed_regions_are_recovered_from_their_footer_in_three_reads() -> None
     sealed = len(set(regions)) - 1  # the last region is still open
     assert sealed >= 2
     device.reads = 0
-    found = list(RegionLog([device], REGION, lambda *r: []).scan())
-    assert [h.seq for _, h in found] == list(range(100))
+    found = scanned_seqs(RegionLog([device], REGION, lambda *r: []))
+    assert found == list(range(100))
     # superblock + per region: first page, trailer page, footer; the open region is walked.
     walked_reads = device.reads - 1 - 3 * sealed
     assert 0 < walked_reads <= 4
     device.reads = 0
-    again = list(RegionLog([device], REGION, lambda *r: []).scan())
+    again = scanned_seqs(RegionLog([device], REGION, lambda *r: []))
     assert again == found  # the walk sealed the open region: now read from its footer too
     assert device.reads <= 1 + 3 * (sealed + 1) + 1
 
@@ -142,7 +147,7 @@ def test_a_damaged_footer_costs_a_walk_never_a_record() -> None:
     fill(log, 60)
     trailer_at = 4096 + REGION - 4096  # region 0's trailer
     device.corrupt(trailer_at + 40)
-    found = [h.seq for _, h in RegionLog([device], REGION, lambda *r: []).scan()]
+    found = scanned_seqs(RegionLog([device], REGION, lambda *r: []))
     assert found == list(range(60))
 
 
@@ -150,8 +155,7 @@ def test_footers_agree_with_a_header_walk_after_wrapping_around() -> None:
     devices = [MemoryDevice(SIZE)]
     log = RegionLog(devices, REGION, lambda *r: [])
     fill(log, 300, size=20_000)  # several times the capacity
-    from_footers = list(RegionLog(devices, REGION, lambda *r: []).scan())
-    seqs = [h.seq for _, h in from_footers]
+    seqs = scanned_seqs(RegionLog(devices, REGION, lambda *r: []))
     assert seqs == sorted(seqs) or sorted(seqs) == list(range(min(seqs), 300))
     assert 300 - 1 in seqs and len(seqs) >= 20
 
