@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from gateway.backends.regionlog import Location
@@ -24,10 +24,15 @@ class Manifest(NamedTuple):  # a tuple: a restart makes one per object, fast
 
 
 class Index:
+    """Objects are kept per tenant (tenant -> key -> manifest), so a lookup of many keys is one
+    dict probe per key, without building a (tenant, key) tuple for each."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[ObjectId, Manifest] = {}
-        self._members: dict[tuple[int, int], set[ObjectId]] = defaultdict(set)
+        self._objects = _Objects()
+        # Region -> the objects with a fragment there. Built at the first reclaim after a
+        # recovery rather than during it, so a restart answers lookups sooner.
+        self._members: dict[tuple[int, int], set[ObjectId]] | None = defaultdict(set)
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -35,17 +40,16 @@ class Index:
     def get(self, object_id: ObjectId) -> Manifest | None:
         return self._objects.get(object_id)
 
-    def contains(self, tenant: str, keys: Iterable[str]) -> list[bool]:
-        objects = self._objects
-        return [(tenant, key) in objects for key in keys]
+    def contains(self, tenant: str, keys: list[str]) -> list[bool]:
+        objects = self._objects.of(tenant)
+        return list(map(objects.__contains__, keys))
 
     def load(self, objects: dict[ObjectId, Manifest]) -> None:
         """Publish a recovery's objects at once (the index is empty, nobody reads it yet)."""
         with self._lock:
-            self._objects.update(objects)
             for object_id, manifest in objects.items():
-                for location in manifest.locations:
-                    self._members[(location.database, location.region)].add(object_id)
+                self._objects[object_id] = manifest
+            self._members = None
 
     def put(self, object_id: ObjectId, manifest: Manifest) -> Manifest | None:
         """Publish ``manifest`` unless a newer one is there already (recovery sees any order).
@@ -60,8 +64,9 @@ class Index:
             if old is not None:
                 self._forget_members(object_id, old)
             self._objects[object_id] = manifest
-            for location in manifest.locations:
-                self._members[(location.database, location.region)].add(object_id)
+            if self._members is not None:
+                for location in manifest.locations:
+                    self._members[(location.database, location.region)].add(object_id)
             return old
 
     def remove(self, object_id: ObjectId, seq: int | None = None) -> Manifest | None:
@@ -78,7 +83,7 @@ class Index:
         """Forget every object with a fragment in this region's epoch; return their manifests."""
         with self._lock:
             dropped = []
-            for object_id in self._members.pop((database, region), set()):
+            for object_id in self._region_members().pop((database, region), set()):
                 manifest = self._objects.get(object_id)
                 if manifest is None:
                     continue
@@ -91,8 +96,52 @@ class Index:
                     dropped.append(manifest)
             return dropped
 
+    def _region_members(self) -> dict[tuple[int, int], set[ObjectId]]:
+        if self._members is None:
+            self._members = defaultdict(set)
+            for object_id, manifest in self._objects.items():
+                for location in manifest.locations:
+                    self._members[(location.database, location.region)].add(object_id)
+        return self._members
+
     def _forget_members(self, object_id: ObjectId, manifest: Manifest) -> None:
+        if self._members is None:
+            return
         for location in manifest.locations:
             members = self._members.get((location.database, location.region))
             if members is not None:
                 members.discard(object_id)
+
+
+class _Objects:
+    """A mapping of (tenant, key) to manifest, stored as tenant -> key -> manifest."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, dict[str, Manifest]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def of(self, tenant: str) -> dict[str, Manifest]:
+        return self._tenants.get(tenant, _EMPTY)
+
+    def get(self, object_id: ObjectId) -> Manifest | None:
+        return self.of(object_id[0]).get(object_id[1])
+
+    def __setitem__(self, object_id: ObjectId, manifest: Manifest) -> None:
+        objects = self._tenants.setdefault(object_id[0], {})
+        self._count += object_id[1] not in objects
+        objects[object_id[1]] = manifest
+
+    def items(self) -> Iterator[tuple[ObjectId, Manifest]]:
+        for tenant, objects in self._tenants.items():
+            for key, manifest in objects.items():
+                yield (tenant, key), manifest
+
+    def __delitem__(self, object_id: ObjectId) -> None:
+        del self._tenants[object_id[0]][object_id[1]]
+        self._count -= 1
+
+
+_EMPTY: dict[str, Manifest] = {}

@@ -166,7 +166,6 @@ def decode_keys(payload: bytes | memoryview, count_max: int) -> list[str]:
         raise ProtocolError(f"request keys are not valid msgpack: {exc}") from exc
     if not isinstance(keys, list) or not keys:
         raise ProtocolError("request keys must be a non-empty list")
-    for key in keys:
-        if not isinstance(key, str) or not key:
-            raise ProtocolError("every request key must be a non-empty string")
+    if set(map(type, keys)) != {str} or "" in keys:  # no per-key Python loop: 1,000-key EXISTS
+        raise ProtocolError("every request key must be a non-empty string")
     return keys

@@ -206,7 +206,7 @@ class Store:
                 elif kind != _DATA:
                     continue
                 elif count == 1:
-                    _offer(best, older, object_id, Manifest(seq, size, max(size, 1), (location,)))
+                    _offer(best, older, object_id, Manifest(seq, size, size or 1, (location,)))
                 else:
                     fragmented[(object_id, seq)][index] = (location, size, length, count)
         for (object_id, seq), fragments in fragmented.items():
