@@ -1,0 +1,79 @@
+"""Our gateway as a benchmark contender: its config file, start-up (or the error it gave), CPU.
+
+A setting the gateway does not know (say a sync policy that is not implemented yet) makes it
+exit at start-up with one error line; ``start`` returns that line instead of raising, so the
+benchmark records it and moves on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.config import GatewayConfig
+from gateway.format import HEADER_BYTES
+from gateway.ring.layout import align_up
+from tests.support import Gateway, wait_until
+
+START_TIMEOUT_S = 120
+
+
+def sync_settings(policy: str, interval_ms: int) -> dict[str, Any]:
+    """The config for a sync policy: ``sync: X``, and for ``periodic`` its interval."""
+    settings: dict[str, Any] = {"sync": policy}
+    if policy == "periodic":
+        settings["sync_interval_ms"] = interval_ms
+    return settings
+
+
+def write_config(path: Path, settings: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def capacity_for(objects: int, object_bytes: int) -> str:
+    """Room for ``objects`` of ``object_bytes`` (header + padded payload) with no eviction."""
+    region = GatewayConfig().region_size
+    record = 2 * HEADER_BYTES + align_up(object_bytes)  # a header; a page for index entries
+    needed = objects * record * 5 // 4 + 4 * region  # headroom: partly filled regions
+    return f"{-(-needed // 2**20)}MiB"
+
+
+def start(gateway: Gateway, module: bool = False) -> str | None:
+    """Start ``gateway``; None once it listens, else the error it exited with.
+
+    ``module``: run it as ``python -m gateway serve`` rather than the ``adp-gateway`` script.
+    """
+    mark = len(gateway.log())
+    if module:
+        gateway.spawn([sys.executable, "-m", "gateway", "serve", *gateway.args])
+    else:
+        gateway.start(wait=False)
+    wait_until(
+        lambda: "listening on" in gateway.log()[mark:] or not gateway.alive,
+        START_TIMEOUT_S,
+        "the gateway to listen",
+    )
+    if gateway.alive:
+        return None
+    lines = gateway.log()[mark:].strip().splitlines()
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["exited without a message"])[-1]
+
+
+def dropped_sessions(gateway: Gateway) -> dict[str, Any]:
+    """Sessions the gateway dropped for a protocol error, from its log: how many, the first."""
+    lines = [line for line in gateway.log().splitlines() if "dropping the session" in line]
+    return {"count": len(lines), "first": lines[0] if lines else None}
+
+
+def cpu_seconds(gateway: Gateway) -> float:
+    """User + system CPU seconds the gateway process has used so far."""
+    assert gateway.proc is not None
+    with open(f"/proc/{gateway.proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
