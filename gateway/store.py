@@ -22,8 +22,10 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gateway import fragmenter
 from gateway.backends.regionlog import Location, RegionLog
@@ -34,6 +36,7 @@ from gateway.ring.layout import PAGE_BYTES, align_up
 from gateway.tombstones import Tombstones
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class Store:
         self._counts: dict[str, int] = defaultdict(int)
         self._tombstones = Tombstones()
         self._tombstones_lock = threading.Lock()
+        # Fragment I/O on every database but the caller's own, so one object uses every drive.
+        self._fragment_io = ThreadPoolExecutor(
+            max_workers=max(1, 4 * (region_log.databases - 1)), thread_name_prefix="fragment-io"
+        )
 
     def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
         """The region log reclaims a region: forget its objects, return tombstones to carry."""
@@ -101,23 +108,37 @@ class Store:
         plan = fragmenter.plan(
             object_bytes, self._fragment_bytes_max, self._log.databases, key_hash(tenant, key)
         )
-        locations = []
+        groups: dict[int, list[fragmenter.Fragment]] = defaultdict(list)
         for fragment in plan:
-            payload = extent[fragment.offset : fragment.offset + fragment.length]
-            header = RecordHeader(
-                Kind.DATA,
-                seq,
-                tenant,
-                key,
-                object_bytes,
-                fragment.offset,
-                fragment.length,
-                fragment.number,
-                len(plan),
-                checksum(payload),
-            )
-            padded = extent[fragment.offset : fragment.offset + align_up(fragment.length)]
-            locations.append(self._log.append(fragment.database, header, padded))
+            groups[fragment.database].append(fragment)
+
+        def write(database: int) -> list[Location]:
+            records: list[tuple[RecordHeader, memoryview | None]] = []
+            for fragment in groups[database]:
+                payload = extent[fragment.offset : fragment.offset + fragment.length]
+                header = RecordHeader(
+                    Kind.DATA,
+                    seq,
+                    tenant,
+                    key,
+                    object_bytes,
+                    fragment.offset,
+                    fragment.length,
+                    fragment.number,
+                    len(plan),
+                    checksum(payload),
+                )
+                padded = extent[fragment.offset : fragment.offset + align_up(fragment.length)]
+                records.append((header, padded))
+            return self._log.append_many(database, records)
+
+        written = self._each_database(write, list(groups))
+        placed = {
+            fragment.number: location
+            for database, fragments in groups.items()
+            for fragment, location in zip(fragments, written[database], strict=True)
+        }
+        locations = [placed[i] for i in range(len(plan))]
         if self._sync:
             self._log.sync(synced | {loc.database for loc in locations})
         manifest = Manifest(seq, object_bytes, self._fragment_bytes_max, tuple(locations))
@@ -131,19 +152,63 @@ class Store:
         if manifest is None or manifest.object_bytes != object_bytes:
             self._counts["load_misses"] += 1
             return False
-        for index, location in enumerate(manifest.locations):
-            try:
-                intact = self._read_fragment((tenant, key), manifest, index, location, extent)
-            except StorageError as exc:  # the device failed, maybe for a moment: keep the object
-                log.error("%s/%s: %s", tenant, key, exc)
-                self._counts["load_misses"] += 1
-                return False
-            if not intact:
+        try:
+            headers = self._read_fragments(manifest, extent)
+        except StorageError as exc:  # the device failed, maybe for a moment: keep the object
+            log.error("%s/%s: %s", tenant, key, exc)
+            self._counts["load_misses"] += 1
+            return False
+        for index, header in enumerate(headers):
+            if not self._intact((tenant, key), manifest, index, header, extent):
                 self._counts["verify_failures"] += 1
                 self._counts["load_misses"] += 1
                 self._drop((tenant, key), manifest)
                 return False
         return True
+
+    def _read_fragments(self, manifest: Manifest, extent: memoryview) -> list[RecordHeader | None]:
+        """Every fragment's header, its payload read into ``extent``; the databases in
+        parallel. Raises StorageError."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for index, location in enumerate(manifest.locations):
+            groups[location.database].append(index)
+
+        def read(database: int) -> list[RecordHeader | None]:
+            indexes = groups[database]
+            payloads: list[memoryview | None] = []
+            for index in indexes:
+                offset = index * manifest.fragment_bytes
+                length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
+                payloads.append(extent[offset : offset + align_up(length)])
+            return self._log.read_many([manifest.locations[i] for i in indexes], payloads)
+
+        found = self._each_database(read, list(groups))
+        headers: list[RecordHeader | None] = [None] * len(manifest.locations)
+        for database, indexes in groups.items():
+            for index, header in zip(indexes, found[database], strict=True):
+                headers[index] = header
+        return headers
+
+    def _each_database(self, work: Callable[[int], _T], databases: list[int]) -> dict[int, _T]:
+        """``work`` for each database, in parallel when there are several (one object's
+        fragments on several drives use them all at once). Raises the first StorageError."""
+        if len(databases) == 1:
+            return {databases[0]: work(databases[0])}
+        futures = {d: self._fragment_io.submit(work, d) for d in databases[1:]}
+        results: dict[int, _T] = {}
+        failure: StorageError | None = None
+        try:
+            results[databases[0]] = work(databases[0])
+        except StorageError as exc:
+            failure = exc
+        for database, future in futures.items():
+            try:
+                results[database] = future.result()
+            except StorageError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return results
 
     def delete(self, tenant: str, keys: Iterable[str]) -> list[bool]:
         results = []
@@ -232,6 +297,7 @@ class Store:
         self._log.sync(set(range(self._log.databases)))
 
     def close(self) -> None:
+        self._fragment_io.shutdown()
         self.sync_all()
         self._log.close()
 
@@ -249,19 +315,17 @@ class Store:
             tombstones=len(self._tombstones),
         )
 
-    def _read_fragment(
+    def _intact(
         self,
         object_id: ObjectId,
         manifest: Manifest,
         index: int,
-        location: Location,
+        header: RecordHeader | None,
         extent: memoryview,
     ) -> bool:
-        """Whether the fragment is what the index says; raises StorageError if unreadable."""
+        """Whether fragment ``index``, read into ``extent``, is what the index says."""
         offset = index * manifest.fragment_bytes
         length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
-        padded = extent[offset : offset + align_up(length)]
-        header = self._log.read(location, padded)
         expected = (Kind.DATA, object_id[0], object_id[1], manifest.seq, index, offset, length)
         if header is None or expected != (
             header.kind,
@@ -276,10 +340,10 @@ class Store:
                 "%s/%s: fragment %d at %s is not what the index says; reporting a miss",
                 *object_id,
                 index,
-                location,
+                manifest.locations[index],
             )
             return False
-        if checksum(padded[:length]) != header.payload_checksum:
+        if checksum(extent[offset : offset + length]) != header.payload_checksum:
             log.warning(
                 "%s/%s: fragment %d failed its checksum; reporting a miss", *object_id, index
             )

@@ -101,6 +101,15 @@ class _Region:
         self.records = []
 
 
+@dataclass
+class _Run:
+    """Records reserved back to back in one region: one vectored write."""
+
+    region: _Region
+    offset: int  # on the device
+    headers: list[RecordHeader]
+
+
 class _Database:
     def __init__(self, index: int, device: Device, region_bytes: int) -> None:
         self.index = index
@@ -163,7 +172,6 @@ class RegionLog:
         self._lock = threading.RLock()  # on_reclaim may call retain/release
         self._next_epoch = 1
         self._clock = itertools.count(1)  # orders region accesses, for eviction
-        self._local = threading.local()
         self.reclaims = 0
 
     @property
@@ -181,45 +189,81 @@ class RegionLog:
 
     def append(self, database: int, header: RecordHeader, payload: memoryview | None) -> Location:
         """Write one record; ``payload`` is page aligned, its length a multiple of 4 KiB."""
+        return self.append_many(database, [(header, payload)])[0]
+
+    def append_many(
+        self, database: int, records: list[tuple[RecordHeader, memoryview | None]]
+    ) -> list[Location]:
+        """Write records to one database, placed one after another: each run that lands
+        contiguously in one region goes to the device as one vectored write (a deep queue for
+        the disk, as one large write is). Raises StorageError if any write failed."""
         db = self._databases[database]
-        region, offset, header, to_seal = self._reserve(db, header)
-        if to_seal is not None:
-            self._write_footer(db, to_seal)
-        page = self._header_page()
-        pack_header(header, page, db.salt)
-        written = False
-        try:
-            db.device.write([page] if payload is None else [page, payload], offset)
-            db.group_sync.wrote()
-            written = True
-        except OSError as exc:
-            raise StorageError(f"write to database {database} failed: {exc}") from exc
-        finally:
-            with self._lock:
-                start = offset - db.region_offset(region.index)
-                if written:
-                    region.records.append((start, header))
-                region.writes_inflight -= 1
-                seal = self._ready_to_seal(region)
-            if seal:
-                self._write_footer(db, region)
-        return db.location(region, start, header)
+        runs, to_seal = self._reserve(db, [header for header, _ in records])
+        for region in to_seal:
+            self._write_footer(db, region)
+        locations: list[Location] = []
+        failure: OSError | None = None
+        for run in runs:
+            pages = aligned(HEADER_BYTES * len(run.headers))
+            buffers = []
+            for i, header in enumerate(run.headers):
+                page = pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES]
+                pack_header(header, page, db.salt)
+                payload = records[len(locations) + i][1]
+                buffers += [page] if payload is None else [page, payload]
+            try:
+                if failure is None:
+                    db.device.write(buffers, run.offset)
+                    db.group_sync.wrote()
+            except OSError as exc:
+                failure = exc
+            locations += self._settle(db, run, written=failure is None)
+        if failure is not None:
+            raise StorageError(f"write to database {database} failed: {failure}") from failure
+        return locations
+
+    def read_many(
+        self, locations: list[Location], payloads: list[memoryview | None]
+    ) -> list[RecordHeader | None]:
+        """Read records of one database (each header, and its payload into ``payloads[i]``);
+        records that lie back to back are read with one vectored read. An entry is None when
+        that header is not valid any more. Raises StorageError if a read failed."""
+        db = self._databases[locations[0].database]
+        pages = aligned(HEADER_BYTES * len(locations))
+        views = [pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES] for i in range(len(locations))]
+        first = 0
+        while first < len(locations):
+            last = first
+            while (
+                last + 1 < len(locations)
+                and locations[last].offset + locations[last].record_bytes
+                == locations[last + 1].offset
+            ):
+                last += 1
+            buffers = []
+            for i in range(first, last + 1):
+                payload = payloads[i]
+                buffers += [views[i]] if payload is None else [views[i], payload]
+            try:
+                db.device.read(buffers, locations[first].offset)
+            except OSError as exc:
+                raise StorageError(f"read from database {db.index} failed: {exc}") from exc
+            first = last + 1
+        headers: list[RecordHeader | None] = []
+        for location, page in zip(locations, views, strict=True):
+            header = unpack_header(page, db.salt)
+            if header is None or header.epoch != location.epoch:
+                headers.append(None)
+                continue
+            region = db.regions[location.region]
+            if region.epoch == location.epoch:
+                region.last_access = next(self._clock)
+            headers.append(header)
+        return headers
 
     def read(self, location: Location, payload: memoryview | None) -> RecordHeader | None:
         """Read the record at ``location``; None when its header is not valid any more."""
-        db = self._databases[location.database]
-        page = self._header_page()
-        try:
-            db.device.read([page] if payload is None else [page, payload], location.offset)
-        except OSError as exc:
-            raise StorageError(f"read from database {location.database} failed: {exc}") from exc
-        header = unpack_header(page, db.salt)
-        if header is None or header.epoch != location.epoch:
-            return None
-        region = db.regions[location.region]
-        if region.epoch == location.epoch:
-            region.last_access = next(self._clock)
-        return header
+        return self.read_many([location], [payload])[0]
 
     def is_current(self, location: Location) -> bool:
         """Whether the region still holds the filling ``location`` was written in."""
@@ -297,29 +341,54 @@ class RegionLog:
         return [row_of(offset, header) for offset, header in records]
 
     def _reserve(
-        self, db: _Database, header: RecordHeader
-    ) -> tuple[_Region, int, RecordHeader, _Region | None]:
-        """Room for ``header``'s record: (region, device offset, header with the region's
-        epoch, a region just sealed whose footer the caller writes)."""
-        if not _Region(0).fits(header, db.region_bytes):
-            raise StorageError(
-                f"a record of {header.record_bytes} bytes and its footer entry do not fit a "
-                f"region of {db.region_bytes}: raise `region_size` above `fragment_size`"
-            )
+        self, db: _Database, headers: list[RecordHeader]
+    ) -> tuple[list[_Run], list[_Region]]:
+        """Room for records, one after another: the runs to write (each contiguous in one
+        region, headers stamped with its epoch) and the regions just sealed, whose footers the
+        caller writes."""
+        for header in headers:
+            if not _Region(0).fits(header, db.region_bytes):
+                raise StorageError(
+                    f"a record of {header.record_bytes} bytes and its footer entry do not fit "
+                    f"a region of {db.region_bytes}: raise `region_size` above `fragment_size`"
+                )
+        runs: list[_Run] = []
+        to_seal = []
         with self._lock:
-            region = db.open
-            to_seal = None
-            if region is None or not region.fits(header, db.region_bytes):
-                if region is not None:
-                    region.sealed = True
-                    db.open = None
-                    to_seal = region if self._ready_to_seal(region) else None
-                region = db.open = self._take_region(db)
-            offset = db.region_offset(region.index) + region.used_bytes
-            region.used_bytes += header.record_bytes
-            region.footer_bytes += entry_bytes_max(header)
-            region.writes_inflight += 1
-            return region, offset, dataclasses.replace(header, epoch=region.epoch), to_seal
+            for header in headers:
+                region = db.open
+                if region is None or not region.fits(header, db.region_bytes):
+                    if region is not None:
+                        region.sealed = True
+                        db.open = None
+                        if self._ready_to_seal(region):
+                            to_seal.append(region)
+                    region = db.open = self._take_region(db)
+                offset = db.region_offset(region.index) + region.used_bytes
+                if not runs or runs[-1].region is not region:
+                    runs.append(_Run(region, offset, []))
+                runs[-1].headers.append(dataclasses.replace(header, epoch=region.epoch))
+                region.used_bytes += header.record_bytes
+                region.footer_bytes += entry_bytes_max(header)
+                region.writes_inflight += 1
+        return runs, to_seal
+
+    def _settle(self, db: _Database, run: _Run, written: bool) -> list[Location]:
+        """A run's writes are over: record them for the footer, seal the region if due."""
+        region = run.region
+        locations = []
+        with self._lock:
+            start = run.offset - db.region_offset(region.index)
+            for header in run.headers:
+                if written:
+                    region.records.append((start, header))
+                locations.append(db.location(region, start, header))
+                start += header.record_bytes
+            region.writes_inflight -= len(run.headers)
+            seal = self._ready_to_seal(region)
+        if seal:
+            self._write_footer(db, region)
+        return locations
 
     def _ready_to_seal(self, region: _Region) -> bool:
         """Under the lock: whether the footer is due now; if so the caller writes it."""
@@ -395,9 +464,3 @@ class RegionLog:
         except OSError as exc:
             region.refill(0, 0)  # free again: its old content is forgotten already
             raise StorageError(f"write to database {db.index} failed: {exc}") from exc
-
-    def _header_page(self) -> memoryview:
-        page: memoryview | None = getattr(self._local, "page", None)
-        if page is None:
-            page = self._local.page = aligned(PAGE_BYTES)
-        return page

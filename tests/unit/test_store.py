@@ -3,6 +3,8 @@ within its capacity and honours deletes, on every device kind and with several d
 
 from __future__ import annotations
 
+import errno
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,40 @@ def test_same_key_same_length_is_not_written_twice(devices: list[Device]) -> Non
     store.put("t", "k", extent(b"a" * 9000), 9000)
     assert store.statistics().used_bytes == used
     assert store.statistics().stores_skipped == 1
+
+
+class RendezvousDevice(MemoryDevice):
+    """Once armed, every I/O waits until the other database has one in flight too: one
+    object's fragments must go to both drives at once, or the I/O fails."""
+
+    def __init__(self, size_bytes: int, barrier: threading.Barrier) -> None:
+        super().__init__(size_bytes)
+        self.barrier = barrier
+        self.armed = False
+
+    def _meet(self) -> None:
+        if self.armed:
+            try:
+                self.barrier.wait(timeout=5)
+            except threading.BrokenBarrierError:
+                raise OSError(errno.ETIMEDOUT, "the other database had no I/O in flight") from None
+
+    def write(self, buffers: list[memoryview], offset: int) -> None:
+        self._meet()
+        super().write(buffers, offset)
+
+    def read(self, buffers: list[memoryview], offset: int) -> None:
+        self._meet()
+        super().read(buffers, offset)
+
+
+def test_one_objects_fragments_use_both_databases_at_once() -> None:
+    barrier = threading.Barrier(2)
+    devices: list[Device] = [RendezvousDevice(SIZE, barrier), RendezvousDevice(SIZE, barrier)]
+    store = open_store(devices)
+    data = payload(11, 100_000)  # two fragments: one per database
+    store.put("t", "warm-up", extent(data), len(data))  # opens a region on each database
+    for device in devices:
+        device.armed = True  # type: ignore[attr-defined]
+    store.put("t", "k", extent(data), len(data))
+    assert read(store, "k", len(data)) == data
