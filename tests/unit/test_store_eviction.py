@@ -5,8 +5,12 @@ whatever order regions are reclaimed in, across restarts."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
+
+from gateway import store as store_module
 from gateway.backends.memory import MemoryDevice
 from gateway.config import GatewayConfig, resolve_capacity
 from gateway.store import Store
@@ -113,3 +117,16 @@ def test_an_automatic_capacity_is_taken_from_existing_databases(tmp_path: Path) 
         with open(path, "wb") as f:
             f.truncate(24 * 2**20)  # as a first start would have made them
     assert resolve_capacity(config).capacity == 48 * 2**20
+
+
+def test_a_recovery_longer_than_a_second_logs_its_progress(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    device = MemoryDevice(SIZE)
+    flood(open_store([device]), 40, {})
+    clock = iter(range(0, 1000, 1))  # every reading of the clock is a second later
+    monkeypatch.setattr(store_module.time, "monotonic", lambda: float(next(clock)))
+    caplog.set_level(logging.INFO, logger="gateway.store")
+    open_store([device])
+    lines = [r.getMessage() for r in caplog.records if "recovering:" in r.getMessage()]
+    assert len(lines) >= 5 and lines[-1].startswith("recovering: 8 of 8 regions read (100 %)")
