@@ -178,3 +178,29 @@ def test_a_session_logs_what_it_did_when_it_ends(gateway: Gateway) -> None:
         10,
         "the session's summary in the log",
     )
+
+
+@pytest.mark.parametrize("policy", ["periodic", "none"])
+def test_every_sync_policy_serves_and_survives_a_kill(
+    make_gateway: Callable[..., Gateway], workdir: Path, policy: str
+) -> None:
+    (workdir / "sync.yaml").write_text(f"sync: {policy}\nsync_interval_ms: 20\n")
+    gateway = make_gateway("1GiB", "--config", str(workdir / "sync.yaml")).start()
+    data = objects(3, 300_000)
+    connector = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(connector)
+        item = wait_for_future(connector, connector.submit_batch_set(["a", "b", "c"], views(data)))
+        assert item[3] == [True, True, True]
+    finally:
+        connector.close()
+    gateway.kill()  # a crash of the process loses nothing acknowledged, whatever the policy
+    gateway.start()
+    connector = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(connector)
+        out = [bytearray(300_000) for _ in range(3)]
+        item = wait_for_future(connector, connector.submit_batch_get(["a", "b", "c"], views(out)))
+        assert item[3] == [True, True, True] and out == data
+    finally:
+        connector.close()
