@@ -54,7 +54,7 @@ from gateway import fragmenter
 from gateway.format import key_hash
 from gateway.ring.layout import align_up
 from lmcache_adp import ADPConnector
-from tests.crash.driver import (
+from tests.crash.model import (
     ABSENT,
     EXIT_VIOLATION,
     FRAGMENT_BYTES,
