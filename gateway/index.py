@@ -44,11 +44,11 @@ class Index:
         objects = self._objects.of(tenant)
         return list(map(objects.__contains__, keys))
 
-    def load(self, objects: dict[ObjectId, Manifest]) -> None:
-        """Publish a recovery's objects at once (the index is empty, nobody reads it yet)."""
+    def load(self, tenants: dict[str, dict[str, Manifest]]) -> None:
+        """Take a recovery's objects (tenant -> key -> manifest) as they are: the index is
+        empty and nobody reads it yet."""
         with self._lock:
-            for object_id, manifest in objects.items():
-                self._objects[object_id] = manifest
+            self._objects.load(tenants)
             self._members = None
 
     def put(self, object_id: ObjectId, manifest: Manifest) -> Manifest | None:
@@ -122,6 +122,11 @@ class _Objects:
 
     def __len__(self) -> int:
         return self._count
+
+    def load(self, tenants: dict[str, dict[str, Manifest]]) -> None:
+        assert not self._count
+        self._tenants = {tenant: objects for tenant, objects in tenants.items() if objects}
+        self._count = sum(len(objects) for objects in self._tenants.values())
 
     def of(self, tenant: str) -> dict[str, Manifest]:
         return self._tenants.get(tenant, _EMPTY)

@@ -250,7 +250,7 @@ class Store:
         Written for speed (100,000 objects in well under a second): it works on footer rows
         and builds a Location and a Manifest only per record, nothing more.
         """
-        best: dict[ObjectId, Manifest] = {}
+        best: dict[str, dict[str, Manifest]] = defaultdict(dict)  # tenant -> key -> newest
         older: dict[ObjectId, list[Manifest]] = defaultdict(list)  # complete, superseded
         fragmented: dict[tuple[ObjectId, int], dict[int, tuple[Location, int, int, int]]] = (
             defaultdict(dict)
@@ -264,33 +264,38 @@ class Store:
                     top_seq = seq
                 record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
                 location = Location(database, region, epoch, start + offset, record_bytes)
-                object_id = (tenant, key)
-                if kind == _TOMBSTONE:
-                    if tombstones.get(object_id, (0, location))[0] < seq:
-                        tombstones[object_id] = (seq, location)
-                elif kind != _DATA:
-                    continue
-                elif count == 1:
-                    _offer(best, older, object_id, Manifest(seq, size, size or 1, (location,)))
-                else:
-                    fragmented[(object_id, seq)][index] = (location, size, length, count)
+                if kind == _DATA and count == 1:  # the common case, kept lean
+                    manifest = Manifest(seq, size, size or 1, (location,))
+                    objects = best[tenant]
+                    current = objects.setdefault(key, manifest)
+                    if current is not manifest:
+                        _offer(objects, older, (tenant, key), manifest)
+                elif kind == _DATA:
+                    fragmented[((tenant, key), seq)][index] = (location, size, length, count)
+                elif kind == _TOMBSTONE and tombstones.get((tenant, key), (0,))[0] < seq:
+                    tombstones[(tenant, key)] = (seq, location)
         for (object_id, seq), fragments in fragmented.items():
-            manifest = _assemble(seq, fragments)
-            if manifest is not None:
-                _offer(best, older, object_id, manifest)
+            assembled = _assemble(seq, fragments)
+            if assembled is not None:
+                objects = best[object_id[0]]
+                if objects.setdefault(object_id[1], assembled) is not assembled:
+                    _offer(objects, older, object_id, assembled)
         for object_id, (seq, at) in tombstones.items():
             shadowed = [loc for m in older.get(object_id, ()) if m.seq < seq for loc in m.locations]
-            current = best.get(object_id)
-            if current is not None and current.seq < seq:
-                shadowed.extend(current.locations)
-                del best[object_id]
+            objects = best[object_id[0]]
+            newest = objects.get(object_id[1])
+            if newest is not None and newest.seq < seq:
+                shadowed.extend(newest.locations)
+                del objects[object_id[1]]
             if shadowed:
                 self._tombstones.add(object_id, seq, at, shadowed)
         self.index.load(best)
-        self._log.retain(tuple(loc for m in best.values() for loc in m.locations))
+        self._log.retain(
+            tuple(loc for objects in best.values() for m in objects.values() for loc in m.locations)
+        )
         with self._seq_lock:
             self._seq = itertools.count(top_seq + 1)
-        return len(best)
+        return len(self.index)
 
     def sync_all(self) -> None:
         """Make every write so far durable on every database."""
@@ -359,18 +364,17 @@ _DATA, _TOMBSTONE = int(Kind.DATA), int(Kind.TOMBSTONE)
 
 
 def _offer(
-    best: dict[ObjectId, Manifest],
+    objects: dict[str, Manifest],
     older: dict[ObjectId, list[Manifest]],
     object_id: ObjectId,
     manifest: Manifest,
 ) -> None:
-    """Keep the newest complete version of each object in ``best``, the others in ``older``."""
-    current = best.get(object_id)
-    if current is None:
-        best[object_id] = manifest
-    elif current.seq < manifest.seq:
+    """A second complete version of one object: keep the newer in ``objects``, the other in
+    ``older``."""
+    current = objects[object_id[1]]
+    if current.seq < manifest.seq:
         older[object_id].append(current)
-        best[object_id] = manifest
+        objects[object_id[1]] = manifest
     else:
         older[object_id].append(manifest)
 
