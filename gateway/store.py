@@ -257,15 +257,16 @@ class Store:
         )
         tombstones: dict[ObjectId, tuple[int, Location]] = {}
         top_seq = 0
+        new = tuple.__new__  # what a NamedTuple's constructor calls, without its Python frame
         for found in self._log.scan(_ProgressLog()):
             database, region, epoch, start = found.database, found.region, found.epoch, found.start
             for offset, kind, seq, tenant, key, size, _, length, index, count, _ in found.rows:
                 if seq > top_seq:
                     top_seq = seq
                 record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
-                location = Location(database, region, epoch, start + offset, record_bytes)
+                location = new(Location, (database, region, epoch, start + offset, record_bytes))
                 if kind == _DATA and count == 1:  # the common case, kept lean
-                    manifest = Manifest(seq, size, size or 1, (location,))
+                    manifest = new(Manifest, (seq, size, size or 1, (location,)))
                     objects = best[tenant]
                     current = objects.setdefault(key, manifest)
                     if current is not manifest:
