@@ -7,16 +7,20 @@ checked after every restart."""
 from __future__ import annotations
 
 import errno
+import os
 import random
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from gateway.backends import filedevice
 from gateway.backends.base import Device
 from gateway.backends.faulty import FaultyDevice
 from gateway.backends.memory import MemoryDevice
 from gateway.errors import StorageError
 from gateway.store import Store
-from tests.unit.storage_helpers import REGION, extent, open_store, payload
+from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 64 * REGION  # large enough that nothing is evicted in these runs
 SIZES = (1, 4096, 20_000, 70_000, 150_000)  # one to three fragments
@@ -113,3 +117,28 @@ def test_a_stalled_device_slows_but_does_not_break_the_store() -> None:
     store.put("t", "k1", extent(content("k1", 20_000)), 20_000)
     out = extent(bytes(20_000))
     assert store.get("t", "k1", out, 20_000) and bytes(out[:20_000]) == content("k1", 20_000)
+
+
+def test_short_transfers_of_the_kernel_are_finished_by_the_file_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pwritev/preadv may move fewer bytes than asked (a signal, a device limit): the file
+    device goes on from where the kernel stopped, so the store sees whole records."""
+    real_pwritev, real_preadv = os.pwritev, os.preadv
+    calls = {"write": 0, "read": 0}
+
+    def short(real: Callable[..., int], op: str) -> Callable[..., int]:
+        def call(fd: int, buffers: list[memoryview], offset: int) -> int:
+            calls[op] += 1
+            return real(fd, [buffers[0][:4096]], offset)  # one page at most
+
+        return call
+
+    store = open_store(make_devices("file", tmp_path, 2, SIZE // 8))
+    monkeypatch.setattr(filedevice.os, "pwritev", short(real_pwritev, "write"))
+    monkeypatch.setattr(filedevice.os, "preadv", short(real_preadv, "read"))
+    data = payload(3, 150_000)
+    store.put("t", "k", extent(data), len(data))
+    out = extent(bytes(len(data)))
+    assert store.get("t", "k", out, len(data)) and bytes(out[: len(data)]) == data
+    assert calls["write"] > 30 and calls["read"] > 30  # the transfers really were cut short
