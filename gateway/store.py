@@ -252,15 +252,13 @@ class Store:
         """
         best: dict[str, dict[str, Manifest]] = defaultdict(dict)  # tenant -> key -> newest
         older: dict[ObjectId, list[Manifest]] = defaultdict(list)  # complete, superseded
-        fragmented: dict[tuple[ObjectId, int], dict[int, tuple[Location, int, int, int]]] = (
-            defaultdict(dict)
-        )
+        fragmented: dict[tuple[ObjectId, int], dict[int, _Fragment]] = defaultdict(dict)
         tombstones: dict[ObjectId, tuple[int, Location]] = {}
         top_seq = 0
         new = tuple.__new__  # what a NamedTuple's constructor calls, without its Python frame
         for found in self._log.scan(_ProgressLog()):
             database, region, epoch, start = found.database, found.region, found.epoch, found.start
-            for offset, kind, seq, tenant, key, size, _, length, index, count, _ in found.rows:
+            for offset, kind, seq, tenant, key, size, at, length, index, count, _ in found.rows:
                 if seq > top_seq:
                     top_seq = seq
                 record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
@@ -272,7 +270,7 @@ class Store:
                     if current is not manifest:
                         _offer(objects, older, (tenant, key), manifest)
                 elif kind == _DATA:
-                    fragmented[((tenant, key), seq)][index] = (location, size, length, count)
+                    fragmented[((tenant, key), seq)][index] = (location, size, at, length, count)
                 elif kind == _TOMBSTONE and tombstones.get((tenant, key), (0,))[0] < seq:
                     tombstones[(tenant, key)] = (seq, location)
         for (object_id, seq), fragments in fragmented.items():
@@ -362,6 +360,7 @@ class Store:
 
 
 _DATA, _TOMBSTONE = int(Kind.DATA), int(Kind.TOMBSTONE)
+_Fragment = tuple[Location, int, int, int, int]  # location, object bytes, offset, length, count
 
 
 def _offer(
@@ -380,16 +379,20 @@ def _offer(
         older[object_id].append(manifest)
 
 
-def _assemble(seq: int, fragments: dict[int, tuple[Location, int, int, int]]) -> Manifest | None:
-    """The manifest of one version from its fragments (location, object bytes, fragment bytes,
-    fragment count), or None when one is missing or they disagree."""
-    _, size, _, count = fragments[next(iter(fragments))]
-    if set(fragments) != set(range(count)):
+def _assemble(seq: int, fragments: dict[int, _Fragment]) -> Manifest | None:
+    """The manifest of one version from its fragments, or None when one is missing, they
+    disagree, or they do not cover the object exactly (fragment i at i * fragment bytes)."""
+    first = fragments.get(0)
+    if first is None:
         return None
-    if any(f[1] != size or f[3] != count for f in fragments.values()):
+    _, size, _, fragment_bytes, count = first
+    if set(fragments) != set(range(count)) or size > count * fragment_bytes:
         return None
-    locations = tuple(fragments[i][0] for i in range(count))
-    return Manifest(seq, size, max(fragments[0][2], 1), locations)
+    for i, (_, object_bytes, offset, length, fragment_count) in fragments.items():
+        expected = (size, i * fragment_bytes, min(fragment_bytes, size - i * fragment_bytes), count)
+        if expected[2] <= 0 or (object_bytes, offset, length, fragment_count) != expected:
+            return None
+    return Manifest(seq, size, fragment_bytes, tuple(fragments[i][0] for i in range(count)))
 
 
 class _ProgressLog:

@@ -139,3 +139,17 @@ def test_one_objects_fragments_use_both_databases_at_once() -> None:
         device.armed = True  # type: ignore[attr-defined]
     store.put("t", "k", extent(data), len(data))
     assert read(store, "k", len(data)) == data
+
+
+def test_recovery_refuses_fragments_that_do_not_cover_their_object() -> None:
+    """Two 4 KiB fragments claiming a 1 MiB object would load as a hit with bytes never read."""
+    from gateway.backends.regionlog import Location
+    from gateway.store import _assemble
+
+    at = Location(0, 0, 1, 4096, 8192)
+    whole = {0: (at, 8192, 0, 4096, 2), 1: (at, 8192, 4096, 4096, 2)}
+    assert _assemble(7, whole) is not None
+    assert _assemble(7, {i: (at, 2**20, *f[2:]) for i, f in whole.items()}) is None
+    assert _assemble(7, {0: whole[0], 1: (at, 8192, 0, 4096, 2)}) is None  # wrong offset
+    assert _assemble(7, {0: whole[0], 1: (at, 8192, 4096, 100, 2)}) is None  # short
+    assert _assemble(7, {1: whole[1]}) is None
