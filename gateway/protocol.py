@@ -12,6 +12,7 @@ Everything here parses untrusted bytes: any malformed input raises ``ProtocolErr
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import struct
 from dataclasses import dataclass
@@ -72,24 +73,30 @@ def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None 
 
 
 def recv_frame(sock: socket.socket, fds_max: int = 0) -> tuple[dict[str, Any], list[int]]:
-    """Read one frame (and up to ``fds_max`` fds sent with its first bytes)."""
-    head, fds = _recv_exact(sock, _FRAME_HEADER.size, fds_max)
-    (length,) = _FRAME_HEADER.unpack(head)
-    if length > FRAME_BYTES_MAX:
-        raise ProtocolError(f"handshake frame of {length} bytes exceeds {FRAME_BYTES_MAX}")
-    body, more = _recv_exact(sock, length, 0)
-    try:
-        value = msgpack.unpackb(body, raw=False, max_str_len=FRAME_BYTES_MAX)
-    except Exception as exc:
-        raise ProtocolError(f"handshake frame is not valid msgpack: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ProtocolError("handshake frame is not a map")
-    return value, fds + more
-
-
-def _recv_exact(sock: socket.socket, size: int, fds_max: int) -> tuple[bytes, list[int]]:
-    chunks: list[bytes] = []
+    """Read one frame (and up to ``fds_max`` fds sent with its first bytes). A frame that is
+    refused raises ``ProtocolError`` with the fds that came with it closed."""
     fds: list[int] = []
+    try:
+        (length,) = _FRAME_HEADER.unpack(_recv_exact(sock, _FRAME_HEADER.size, fds_max, fds))
+        if length > FRAME_BYTES_MAX:
+            raise ProtocolError(f"handshake frame of {length} bytes exceeds {FRAME_BYTES_MAX}")
+        body = _recv_exact(sock, length, 0, fds)
+        try:
+            value = msgpack.unpackb(body, raw=False, max_str_len=FRAME_BYTES_MAX)
+        except Exception as exc:
+            raise ProtocolError(f"handshake frame is not valid msgpack: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ProtocolError("handshake frame is not a map")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return value, fds
+
+
+def _recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) -> bytes:
+    """``size`` bytes; fds sent with them (up to ``fds_max``) are appended to ``fds``."""
+    chunks: list[bytes] = []
     received = 0
     while received < size:
         if fds_max and not fds:
@@ -101,7 +108,7 @@ def _recv_exact(sock: socket.socket, size: int, fds_max: int) -> tuple[bytes, li
             raise ProtocolError("peer closed the socket during the handshake")
         chunks.append(data)
         received += len(data)
-    return b"".join(chunks), fds
+    return b"".join(chunks)
 
 
 def parse_hello(body: dict[str, Any]) -> Hello:

@@ -34,12 +34,17 @@ class Request:
 
 class GatewayLink:
     def __init__(self, sock: socket.socket, welcome: Welcome, fds: list[int]) -> None:
+        """Takes over ``fds`` (memfd, submit and complete doorbells); closes them if it fails."""
         memfd, self.submit_fd, self.complete_fd = fds
         self.welcome = welcome
         self._sock = sock
         self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
         try:
             self._mapping = map_shared(memfd, self.layout)
+        except BaseException:
+            os.close(self.submit_fd)
+            os.close(self.complete_fd)
+            raise
         finally:
             os.close(memfd)
         self.memory = memoryview(self._mapping)
@@ -58,9 +63,14 @@ class GatewayLink:
             sock.connect(path)
             send_frame(sock, hello_body(hello))
             body, fds = recv_frame(sock, fds_max=3)
-            welcome = parse_welcome(body)
-            if len(fds) != 3:
-                raise ProtocolError(f"the gateway sent {len(fds)} fds with its welcome, not 3")
+            try:
+                welcome = parse_welcome(body)
+                if len(fds) != 3:
+                    raise ProtocolError(f"the gateway sent {len(fds)} fds with its welcome, not 3")
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
             sock.settimeout(None)
             return cls(sock, welcome, fds)
         except BaseException:

@@ -1,9 +1,13 @@
-"""Goal: handshake frames and key lists from a client are parsed defensively."""
+"""Goal: handshake frames and key lists from a client are parsed defensively, and a refused
+handshake leaves no fd open on either side."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import threading
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -13,6 +17,7 @@ from gateway.protocol import (
     FRAME_BYTES_MAX,
     KEY_BYTES_MAX,
     PROTOCOL_VERSION,
+    Hello,
     Welcome,
     decode_keys,
     encode_keys,
@@ -22,12 +27,13 @@ from gateway.protocol import (
     send_frame,
     welcome_body,
 )
+from lmcache_adp.link import GatewayLink
 
 
 def test_hello_and_welcome_round_trip_with_fds() -> None:
     a, b = socket.socketpair()
     with a, b:
-        read_fd, write_fd = __import__("os").pipe()
+        read_fd, write_fd = os.pipe()
         send_frame(
             a, {"protocol": PROTOCOL_VERSION, "tenant": "t", "client": "x"}, [read_fd, write_fd]
         )
@@ -94,3 +100,71 @@ def test_keys_round_trip() -> None:
 def test_bad_key_lists_are_protocol_errors(payload: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_keys(payload, 10)
+
+
+def closed_everywhere(read_end: int) -> bool:
+    """Whether every copy of the pipe's write end is closed (its read end sees EOF)."""
+    os.set_blocking(read_end, False)
+    try:
+        return os.read(read_end, 1) == b""
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(read_end)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack("<I", FRAME_BYTES_MAX + 1),
+        struct.pack("<I", 2) + b"\xc1\xc1",
+        struct.pack("<I", 1) + b"\x01",
+        struct.pack("<I", 10) + b"abc",
+    ],
+    ids=["too-long", "not-msgpack", "not-a-map", "cut-short"],
+)
+def test_a_refused_frame_closes_the_fds_it_brought(frame: bytes) -> None:
+    a, b = socket.socketpair()
+    read_end, write_end = os.pipe()
+    with a, b:
+        socket.send_fds(a, [frame], [write_end, write_end, write_end])
+        os.close(write_end)
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(ProtocolError):
+            recv_frame(b, fds_max=3)
+    assert closed_everywhere(read_end), "recv_frame leaked the fds of the frame it refused"
+
+
+@pytest.mark.parametrize(
+    ("body", "fds_sent"),
+    [
+        ({"ok": False, "error": "tenant unknown"}, 3),
+        ({"ok": True, "slots": 4}, 3),
+        (welcome_body(Welcome(1, 4, 4096, 4096, 4096)), 2),
+        (welcome_body(Welcome(1, 4, 4096, 4096, 4096)), 3),  # its memfd is a pipe: not mapped
+    ],
+    ids=["refused", "malformed", "two-fds", "memory-mismatch"],
+)
+def test_the_plugin_closes_the_fds_of_a_welcome_it_refuses(
+    workdir: Path, body: dict[str, object], fds_sent: int
+) -> None:
+    path = str(workdir / "gateway.sock")
+    read_end, write_end = os.pipe()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def gateway() -> None:
+        conn, _ = server.accept()
+        with conn:
+            recv_frame(conn)
+            send_frame(conn, body, [write_end] * fds_sent)
+            conn.recv(1)  # until the plugin hangs up
+
+    thread = threading.Thread(target=gateway)
+    thread.start()
+    with server, pytest.raises(ProtocolError):
+        GatewayLink.connect(path, Hello("t"), timeout_s=10)
+    thread.join()
+    os.close(write_end)
+    assert closed_everywhere(read_end), "GatewayLink.connect leaked the fds of its welcome"
