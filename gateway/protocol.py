@@ -113,7 +113,7 @@ def _recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) ->
 
 def parse_hello(body: dict[str, Any]) -> Hello:
     protocol = body.get("protocol")
-    if protocol != PROTOCOL_VERSION:
+    if type(protocol) is not int or protocol != PROTOCOL_VERSION:  # not True, not 1.0
         raise ProtocolError(
             f"client speaks protocol {protocol!r}, this gateway speaks {PROTOCOL_VERSION}: "
             "install matching lmcache-adp versions on both sides"
@@ -146,10 +146,15 @@ def welcome_body(welcome: Welcome) -> dict[str, Any]:
 def parse_welcome(body: dict[str, Any]) -> Welcome:
     if body.get("ok") is not True:
         raise ProtocolError(str(body.get("error", "the gateway refused the handshake")))
-    try:
-        values = {k: int(body[k]) for k in Welcome.__dataclass_fields__}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed welcome from the gateway: {exc}") from exc
+    values: dict[str, int] = {}
+    for name in Welcome.__dataclass_fields__:
+        value = body.get(name)
+        if type(value) is not int or value < 0:  # not a bool, a float or a string of digits
+            raise ProtocolError(
+                f"malformed welcome from the gateway: {name} is {value!r}, not an integer >= 0: "
+                "install matching lmcache-adp versions on both sides"
+            )
+        values[name] = value
     return Welcome(**values)
 
 

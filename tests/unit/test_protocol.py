@@ -51,11 +51,24 @@ def test_hello_and_welcome_round_trip_with_fds() -> None:
         {"protocol": PROTOCOL_VERSION, "tenant": ""},
         {"protocol": PROTOCOL_VERSION, "tenant": "x" * 65},
         {"protocol": PROTOCOL_VERSION, "tenant": "t", "token": 5},
+        {"protocol": True, "tenant": "t"},  # True == 1 in Python
+        {"protocol": 1.0, "tenant": "t"},
     ],
 )
 def test_bad_hellos_are_refused(body: dict[str, object]) -> None:
     with pytest.raises(ProtocolError):
         parse_hello(body)
+
+
+WELCOME = welcome_body(Welcome(1, 4, 4096, 4096, 4096))
+
+
+@pytest.mark.parametrize(
+    "slots", [float("inf"), float("nan"), 4.0, True, -1, "4", b"4", None, [4]], ids=repr
+)
+def test_bad_welcomes_are_refused(slots: object) -> None:
+    with pytest.raises(ProtocolError, match="malformed welcome"):
+        parse_welcome({**WELCOME, "slots": slots})
 
 
 def test_oversized_or_garbage_frames_are_refused() -> None:
@@ -140,8 +153,8 @@ def test_a_refused_frame_closes_the_fds_it_brought(frame: bytes) -> None:
     [
         ({"ok": False, "error": "tenant unknown"}, 3),
         ({"ok": True, "slots": 4}, 3),
-        (welcome_body(Welcome(1, 4, 4096, 4096, 4096)), 2),
-        (welcome_body(Welcome(1, 4, 4096, 4096, 4096)), 3),  # its memfd is a pipe: not mapped
+        (WELCOME, 2),
+        (WELCOME, 3),  # its memfd is a pipe: not mapped
     ],
     ids=["refused", "malformed", "two-fds", "memory-mismatch"],
 )
