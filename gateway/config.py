@@ -16,6 +16,7 @@ import yaml
 from gateway import fields
 from gateway.errors import ConfigError, StartupError
 from gateway.ring.layout import PAGE_BYTES
+from gateway.tenants import TenantConfig, check_tenants
 from gateway.units import format_size
 
 DEFAULT_SOCKET = "/tmp/lmcache-adp/gateway.sock"
@@ -26,6 +27,8 @@ RECORD_OVERHEAD_BYTES_MAX = 16 * 2**10  # header, footer entry (names up to 4 Ki
 @dataclass(frozen=True)
 class GatewayConfig:
     socket: str = field(default=DEFAULT_SOCKET, metadata={"help": "Unix socket clients connect to"})
+    socket_group: str | None = field(default=None, metadata={"help": "group owning the socket"})
+    tenants: list[TenantConfig] = field(default_factory=list)
     data_dirs: list[str] = field(default_factory=lambda: ["./adp-data"])
     databases_per_dir: int = field(default=1, metadata={"minimum": 1})
     devices: list[str] = field(default_factory=list)
@@ -95,6 +98,7 @@ def _check(config: GatewayConfig) -> GatewayConfig:
             f"footer entry and the region's trailer) must fit in region_size "
             f"({format_size(config.region_size)})"
         )
+    check_tenants(config.tenants)
     if not config.database_paths:
         raise ConfigError("no databases: set `data_dirs` or `devices`")
     seen: set[str] = set()
@@ -127,7 +131,38 @@ def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
             f"{format_size(config.region_size)}: raise `capacity` or lower "
             "`region_size`"
         )
-    return replace(config, capacity=capacity)
+    resolved = replace(config, capacity=capacity)
+    region_quotas(resolved)
+    return resolved
+
+
+def region_quotas(config: GatewayConfig) -> dict[str, int]:
+    """Tenant -> regions it may own per database, for the tenants with a quota; refuses quotas
+    that round to fewer than two regions or that leave tenants without one too little."""
+    assert config.capacity is not None
+    databases = len(config.database_paths)
+    regions = (config.capacity // databases - PAGE_BYTES) // config.region_size
+    smallest = format_size(2 * databases * config.region_size)
+    limits = {}
+    for tenant in config.tenants:
+        if tenant.quota is None:
+            continue
+        limits[tenant.name] = tenant.quota // (databases * config.region_size)
+        if limits[tenant.name] < 2:
+            raise ConfigError(
+                f"tenants: {tenant.name!r}: a quota of {format_size(tenant.quota)} is less than "
+                f"two regions on each of the {databases} databases: raise it to at least "
+                f"{smallest} or lower `region_size`"
+            )
+    shared = 2 if any(t.quota is None for t in config.tenants) else 0
+    if sum(limits.values()) + shared > regions:
+        raise ConfigError(
+            f"tenants: the quotas add up to more than the capacity "
+            f"({format_size(config.capacity)}) can give"
+            + (f", leaving tenants without a quota less than {smallest}" if shared else "")
+            + ": lower the quotas or raise `capacity`"
+        )
+    return limits
 
 
 def make_dir(directory: str, mode: int, what: str, flag: str) -> None:

@@ -1,9 +1,10 @@
-"""Build a flat, frozen settings dataclass from untrusted key/value input.
+"""Build a frozen settings dataclass from untrusted key/value input.
 
 Used by the plugin's ``adapter_params`` and by the gateway's YAML config, so both give the same
-errors: an unknown key, a wrong type or a value outside its choices is rejected with the field's
-name and what would be accepted. Field metadata may carry ``size=True`` (accepts ``64GiB``),
-``choices=(...)``, ``minimum=N`` and ``help="..."``.
+errors: an unknown or missing key, a wrong type or a value outside its choices is rejected with
+the field's name and what would be accepted. Field metadata may carry ``size=True`` (accepts
+``64GiB``), ``choices=(...)``, ``minimum=N`` and ``help="..."``. A field may be a list of
+strings, of ints, or of another settings dataclass (each item a mapping, checked the same way).
 """
 
 from __future__ import annotations
@@ -26,9 +27,15 @@ def build(cls: type[T], values: Mapping[str, Any], where: str) -> T:
     assert dataclasses.is_dataclass(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {values!r}")
     for key in values:
         if key not in fields:
             raise ConfigError(f"{where}: unknown key {key!r}{_suggest(key, fields)}")
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in values:
+            raise ConfigError(f"{where}: missing key {name!r}")
     checked = {
         key: _check(f"{where}.{key}", hints[key], fields[key].metadata, value)
         for key, value in values.items()
@@ -62,8 +69,8 @@ def _check(name: str, hint: Any, meta: Mapping[str, Any], value: Any) -> Any:
         raise ConfigError(f"{name}: expected {_type_name(hint)}, got the boolean {value!r}")
     if isinstance(value, int) and float in allowed and not isinstance(value, bool):
         value = float(value)
-    if typing.get_origin(hint) is list or list in allowed:
-        return _check_list(name, value)
+    if typing.get_origin(hint) is list:
+        return _check_list(name, typing.get_args(hint)[0], value)
     if not isinstance(value, tuple(t for t in allowed if isinstance(t, type))):
         raise ConfigError(
             f"{name}: expected {_type_name(hint)}, got {type(value).__name__} {value!r}"
@@ -74,12 +81,20 @@ def _check(name: str, hint: Any, meta: Mapping[str, Any], value: Any) -> Any:
     return _bounded(name, meta, value)
 
 
-def _check_list(name: str, value: Any) -> list[str]:
-    if isinstance(value, str):
+def _check_list(name: str, item: type[Any], value: Any) -> list[Any]:
+    if dataclasses.is_dataclass(item):
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list of mappings, got {value!r}")
+        return [build(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (str, int)):
         value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
+    if not isinstance(value, list) or not all(_is(v, item) for v in value):
+        raise ConfigError(f"{name}: expected a list of {_type_name(item)}, got {value!r}")
     return value
+
+
+def _is(value: Any, kind: type[Any]) -> bool:
+    return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
 
 
 def _bounded(name: str, meta: Mapping[str, Any], value: Any) -> Any:
@@ -99,6 +114,8 @@ def _allowed_types(hint: Any) -> tuple[Any, ...]:
 
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is list:
-        return "list[str]"
+        return f"list[{_type_name(typing.get_args(hint)[0])}]"
+    if dataclasses.is_dataclass(hint):
+        return "mapping"
     names = [getattr(t, "__name__", str(t)) for t in _allowed_types(hint)]
     return " | ".join("null" if n == "NoneType" else n for n in names)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import itertools
 import logging
 import os
@@ -21,7 +22,7 @@ from gateway import config as config_module
 from gateway.backends.base import Device
 from gateway.backends.filedevice import FileDevice
 from gateway.backends.groupsync import PeriodicSync
-from gateway.backends.regionlog import RegionLog
+from gateway.backends.regionlog import Pools, RegionLog
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, StartupError
 from gateway.protocol import (
@@ -35,6 +36,7 @@ from gateway.ring.layout import RingLayout
 from gateway.scheduler import Scheduler
 from gateway.session import Session
 from gateway.store import Store
+from gateway.tenants import Peer, Tenants
 from gateway.units import format_size
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class Gateway:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self.tenants = Tenants(self.config.tenants)
         self.scheduler = Scheduler(self.config.store_backlog_max)
         self.store = self._open_store()
         self._periodic_sync: PeriodicSync | None = None
@@ -68,7 +71,10 @@ class Gateway:
         ]
         store_ref: list[Store] = []
         region_log = RegionLog(
-            devices, self.config.region_size, lambda *region: store_ref[0].on_reclaim(*region)
+            devices,
+            self.config.region_size,
+            lambda *region: store_ref[0].on_reclaim(*region),
+            Pools(config_module.region_quotas(self.config)),
         )
         store = Store(region_log, self.config.fragment_size, sync=self.config.sync == "always")
         store_ref.append(store)
@@ -86,13 +92,18 @@ class Gateway:
         return store
 
     def start(self) -> None:
-        self._listener = _listen(self.config.socket)
+        self._listener = _listen(self.config.socket, self.config.socket_group)
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
             self._spawn(f"io-{i}", self._io_loop)
         self._spawn("accept", self._accept_loop)
         log.info("gateway listening on %s", self.config.socket)
+        if self.tenants.open_mode:
+            log.info(
+                "no tenants declared: any process that can open the socket may use any tenant "
+                "name (declare `tenants` to require credentials)"
+            )
 
     def stop(self) -> None:
         self._stopping.set()
@@ -142,12 +153,13 @@ class Gateway:
             ).start()
 
     def _handshake(self, conn: socket.socket) -> None:
-        peer = _peer_name(conn)
+        peer = _peer(conn)
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
             body, _ = recv_frame(conn)
             hello = parse_hello(body)
-            session = self._new_session(conn, hello, peer)
+            self.tenants.admit(hello, peer)
+            session = self._new_session(conn, hello, str(peer))
             welcome, fds = session.welcome(self.config.session_window_size)
             send_frame(conn, welcome_body(welcome), fds)
             conn.settimeout(None)
@@ -185,16 +197,16 @@ class Gateway:
             self._sessions.pop(session.session_id, None)
 
 
-def _peer_name(conn: socket.socket) -> str:
+def _peer(conn: socket.socket) -> Peer:
+    """The connecting process, as the kernel saw it connect."""
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     except OSError:
-        return "unknown peer"
-    pid, uid, _ = _PEERCRED.unpack(creds)
-    return f"pid {pid} uid {uid}"
+        return Peer(-1, -1, -1)  # matches no tenant's uids or gids
+    return Peer(*_PEERCRED.unpack(creds))
 
 
-def _listen(path: str) -> socket.socket:
+def _listen(path: str, group: str | None) -> socket.socket:
     """Bind the Unix socket, refusing to steal it from a live gateway."""
     config_module.make_dir(
         os.path.dirname(os.path.abspath(path)), 0o755, "the socket's directory", "--socket"
@@ -223,5 +235,15 @@ def _listen(path: str) -> socket.socket:
             f"cannot bind {path}: {exc.strerror}; choose another `--socket`"
         ) from exc
     os.chmod(path, 0o660)
+    if group is not None:
+        try:
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        except (KeyError, OSError) as exc:
+            listener.close()
+            raise StartupError(
+                f"cannot give the socket to group {group!r}: "
+                f"{'no such group' if isinstance(exc, KeyError) else exc.strerror}; "
+                "fix `socket_group`"
+            ) from exc
     listener.listen(64)
     return listener

@@ -24,6 +24,10 @@ class ADPParams:
         default="default",
         metadata={"help": "tenant name sent at the handshake; objects are namespaced by it"},
     )
+    token_file: str | None = field(
+        default=None,
+        metadata={"help": "file holding the tenant's secret token, if its gateway asks for one"},
+    )
     op_timeout_s: float = field(
         default=10.0,
         metadata={

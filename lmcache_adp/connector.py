@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, HandshakeRefused
 from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Hello, Op, Status, encode_keys
 from gateway.ring.layout import Completion
+from gateway.tenants import read_token
 from lmcache_adp import config
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.link import GatewayLink, Request
@@ -79,7 +80,13 @@ class ADPConnector:
 
     def __init__(self, **params: object) -> None:
         self._params = config.parse(params)
-        self._hello = Hello(tenant=self._params.tenant, client=f"lmcache pid {os.getpid()}")
+        token_file = self._params.token_file
+        self._hello = Hello(
+            tenant=self._params.tenant,
+            token=read_token(token_file) if token_file else None,
+            client=f"lmcache pid {os.getpid()}",
+        )
+        self._refusal = ""  # the gateway's last refusal, logged once rather than at every retry
         self._shared = _Shared(self._params)
         self._future_ids = itertools.count(1)
         # A gateway that is up serves the very first op; one that is not costs one refused
@@ -162,9 +169,21 @@ class ADPConnector:
         """One handshake; on success the I/O thread picks the link up at its next step."""
         try:
             link = GatewayLink.connect(self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S)
+        except HandshakeRefused as exc:
+            if str(exc) != self._refusal:
+                self._refusal = str(exc)
+                log.error(
+                    "the gateway at %s refused tenant %r: %s (retrying every %.1f s)",
+                    self._params.socket_path,
+                    self._params.tenant,
+                    exc,
+                    self._params.reconnect_interval_s,
+                )
+            return False
         except (OSError, GatewayError) as exc:
             log.debug("gateway at %s not reachable: %s", self._params.socket_path, exc)
             return False
+        self._refusal = ""
         log.info(
             "connected to the gateway at %s (session %d)",
             self._params.socket_path,

@@ -12,6 +12,11 @@ returns the records (tombstones) that must outlive it; they are rewritten at the
 region's next filling, before anything else lands there. The store reports which records it uses
 with ``retain``/``release``.
 
+Regions belong to pools. A tenant with a quota has a pool of its own, of at most its limit of
+regions per database; when it is full, the tenant's next region is one of its own, reclaimed, so
+no tenant ever evicts another's objects to make room. Every other tenant shares the pool ``""``
+(all of the card when no tenant has a quota). A region's pool is named in its first record.
+
 Every record carries its region's epoch (a new one for every filling), so a scan never believes
 a record left from an older filling, and skips a hole left by a torn or failed write by looking
 for the next header of the same epoch (gateway/backends/regionscan.py).
@@ -27,7 +32,8 @@ import itertools
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -68,6 +74,21 @@ class Location(NamedTuple):
     record_bytes: int
 
 
+@dataclass(frozen=True)
+class Pools:
+    """Tenant with a quota -> the regions per database its pool may own; all other tenants
+    share the pool ``SHARED``, of the regions the limits leave."""
+
+    limits: Mapping[str, int] = field(default_factory=dict)
+    SHARED = ""
+
+    def of(self, tenant: str) -> str:
+        return tenant if tenant in self.limits else self.SHARED
+
+    def limit(self, pool: str, regions: int) -> int:
+        return self.limits.get(pool, regions - sum(self.limits.values()))
+
+
 class RegionRecords(NamedTuple):
     """What a recovery found in one region: its records as footer rows (gateway/footer.py)."""
 
@@ -82,6 +103,7 @@ class RegionRecords(NamedTuple):
 class _Region:
     index: int
     epoch: int = 0  # 0: free
+    pool: str = Pools.SHARED
     used_bytes: int = 0
     writes_inflight: int = 0  # record writes, and the footer's
     sealed: bool = False  # takes no more appends; its footer follows its last write
@@ -94,8 +116,8 @@ class _Region:
         footer = align_up(self.footer_bytes + entry_bytes_max(header))
         return self.used_bytes + header.record_bytes + footer + TRAILER_BYTES <= region_bytes
 
-    def refill(self, epoch: int, now: int) -> None:
-        self.epoch, self.last_access = epoch, now
+    def refill(self, epoch: int, now: int, pool: str) -> None:
+        self.epoch, self.last_access, self.pool = epoch, now, pool
         self.used_bytes = self.footer_bytes = self.live = 0
         self.sealed = False
         self.records = []
@@ -117,7 +139,7 @@ class _Database:
         self.region_bytes = region_bytes
         count = (device.size_bytes - PAGE_BYTES) // region_bytes
         self.regions = [_Region(i) for i in range(count)]
-        self.open: _Region | None = None
+        self.open: dict[str, _Region] = {}  # pool -> its region taking appends
         self.salt = self._load_or_format_superblock()
         self.group_sync = GroupSync(device)
 
@@ -157,7 +179,13 @@ class _Database:
 
 
 class RegionLog:
-    def __init__(self, devices: list[Device], region_bytes: int, on_reclaim: OnReclaim) -> None:
+    def __init__(
+        self,
+        devices: list[Device],
+        region_bytes: int,
+        on_reclaim: OnReclaim,
+        pools: Pools | None = None,
+    ) -> None:
         assert region_bytes % PAGE_BYTES == 0
         self._databases = [_Database(i, d, region_bytes) for i, d in enumerate(devices)]
         for db in self._databases:
@@ -169,6 +197,7 @@ class RegionLog:
                 )
         self.region_bytes = region_bytes
         self._on_reclaim = on_reclaim
+        self._pools = pools or Pools()
         self._lock = threading.RLock()  # on_reclaim may call retain/release
         self._next_epoch = 1
         self._clock = itertools.count(1)  # orders region accesses, for eviction
@@ -186,6 +215,19 @@ class RegionLog:
     def used_bytes(self) -> int:
         with self._lock:
             return sum(r.used_bytes for db in self._databases for r in db.regions if r.epoch)
+
+    def pool_bytes(self, tenant: str) -> tuple[int, int]:
+        """The bytes of the regions held by ``tenant``'s pool, and the most it may hold."""
+        pool = self._pools.of(tenant)
+        with self._lock:
+            held = sum(
+                self.region_bytes
+                for db in self._databases
+                for r in db.regions
+                if r.epoch and r.pool == pool
+            )
+        limit = sum(self._pools.limit(pool, len(db.regions)) for db in self._databases)
+        return held, limit * self.region_bytes
 
     def append(self, database: int, header: RecordHeader, payload: memoryview | None) -> Location:
         """Write one record; ``payload`` is page aligned, its length a multiple of 4 KiB."""
@@ -317,6 +359,7 @@ class RegionLog:
         if first is None:
             return []
         region.epoch = region.last_access = first.epoch
+        region.pool = self._pools.of(first.tenant)  # a quota since removed: the shared pool
         region.sealed = True
         rows = read_footer(reader, db.salt, first.epoch)
         if rows:
@@ -354,16 +397,18 @@ class RegionLog:
                 )
         runs: list[_Run] = []
         to_seal = []
+        pool = self._pools.of(headers[0].tenant)
         with self._lock:
             for header in headers:
-                region = db.open
+                assert self._pools.of(header.tenant) == pool
+                region = db.open.get(pool)
                 if region is None or not region.fits(header, db.region_bytes):
                     if region is not None:
                         region.sealed = True
-                        db.open = None
+                        del db.open[pool]
                         if self._ready_to_seal(region):
                             to_seal.append(region)
-                    region = db.open = self._take_region(db)
+                    region = db.open[pool] = self._take_region(db, pool)
                 offset = db.region_offset(region.index) + region.used_bytes
                 if not runs or runs[-1].region is not region:
                     runs.append(_Run(region, offset, []))
@@ -421,23 +466,35 @@ class RegionLog:
                 if region.epoch == location.epoch:
                     region.live += delta
 
-    def _take_region(self, db: _Database) -> _Region:
-        """A region to open (under the lock): a free one, else the best one to reclaim."""
+    def _take_region(self, db: _Database, pool: str) -> _Region:
+        """A region for ``pool`` to open (under the lock): a free one while the pool is below
+        its limit, else the best of its own to reclaim (or of a pool over its limit, as a
+        lowered quota leaves)."""
         carried: list[RecordHeader] = []
+        held = Counter(r.pool for r in db.regions if r.epoch)
         free = [r for r in db.regions if r.epoch == 0]
-        if free:
+        below = held[pool] < self._pools.limit(pool, len(db.regions))
+        if free and below:
             region = free[0]
         else:
-            idle = [r for r in db.regions if r is not db.open and r.writes_inflight == 0]
+            over = {p for p, n in held.items() if n > self._pools.limit(p, len(db.regions))}
+            victims = over if below else {pool}
+            opened = set(map(id, db.open.values()))
+            idle = [
+                r
+                for r in db.regions
+                if r.epoch and r.pool in victims and r.writes_inflight == 0 and id(r) not in opened
+            ]
             if not idle:
                 raise StorageError(
-                    f"database {db.index} has no region to reclaim; every region "
-                    "has writes in flight"
+                    f"database {db.index} has no region to reclaim for "
+                    f"{'tenant ' + repr(pool) if pool else 'the shared pool'}; every one it "
+                    "may take has writes in flight"
                 )
             region = min(idle, key=lambda r: (r.live > 0, r.last_access))
             carried = self._on_reclaim(db.index, region.index, region.epoch)
             self.reclaims += 1
-        region.refill(self._next_epoch, next(self._clock))
+        region.refill(self._next_epoch, next(self._clock), pool)
         self._next_epoch += 1
         self._start_filling(db, region, carried)
         return region
@@ -445,7 +502,7 @@ class RegionLog:
     def _start_filling(self, db: _Database, region: _Region, carried: list[RecordHeader]) -> None:
         """Write the region's first page, which gives its new epoch to any recovery (so a
         failed first append cannot hide the records after it), then the carried tombstones."""
-        start = RecordHeader(Kind.REGION, 0, "", "", 0, epoch=region.epoch)
+        start = RecordHeader(Kind.REGION, 0, region.pool, "", 0, epoch=region.epoch)
         pages = []
         for record in [start, *(dataclasses.replace(r, epoch=region.epoch) for r in carried)]:
             if not region.fits(record, db.region_bytes):
@@ -462,5 +519,5 @@ class RegionLog:
             db.device.write(pages, db.region_offset(region.index))
             db.group_sync.wrote()
         except OSError as exc:
-            region.refill(0, 0)  # free again: its old content is forgotten already
+            region.refill(0, 0, Pools.SHARED)  # free again: its old content is forgotten already
             raise StorageError(f"write to database {db.index} failed: {exc}") from exc

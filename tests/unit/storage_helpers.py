@@ -10,7 +10,7 @@ import numpy as np
 from gateway.backends.base import Device
 from gateway.backends.filedevice import FileDevice
 from gateway.backends.memory import MemoryDevice
-from gateway.backends.regionlog import RegionLog
+from gateway.backends.regionlog import Pools, RegionLog
 from gateway.ring.layout import align_up
 from gateway.store import Store
 
@@ -24,9 +24,9 @@ def make_devices(kind: str, tmp_path: Path, count: int, size: int) -> list[Devic
     return [FileDevice(str(tmp_path / f"db{i}.adp"), size) for i in range(count)]
 
 
-def open_store(devices: list[Device], sync: bool = True) -> Store:
+def open_store(devices: list[Device], sync: bool = True, pools: Pools | None = None) -> Store:
     holder: list[Store] = []
-    region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r))
+    region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools)
     store = Store(region_log, FRAGMENT, sync=sync)
     holder.append(store)
     store.recover()

@@ -14,6 +14,7 @@ PLUGIN_MAY_USE = {
     "gateway.errors",
     "gateway.fields",
     "gateway.units",
+    "gateway.tenants",  # the token file format
 }
 # A module may import only modules of a strictly lower layer.
 LAYERS = [
@@ -24,6 +25,7 @@ LAYERS = [
     {
         "gateway.footer",
         "gateway.fragmenter",
+        "gateway.tenants",
         "gateway.backends.base",
         "gateway.backends.memory",
         "gateway.backends.filedevice",
