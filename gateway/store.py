@@ -258,7 +258,19 @@ class Store:
         new = tuple.__new__  # what a NamedTuple's constructor calls, without its Python frame
         for found in self._log.scan(_ProgressLog()):
             database, region, epoch, start = found.database, found.region, found.epoch, found.start
-            for offset, kind, seq, tenant, key, size, at, length, index, count, _ in found.rows:
+            for (
+                offset,
+                kind,
+                seq,
+                tenant,
+                key,
+                size,
+                fragment_offset,
+                length,
+                index,
+                count,
+                _,
+            ) in found.rows:
                 if seq > top_seq:
                     top_seq = seq
                 record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
@@ -270,7 +282,13 @@ class Store:
                     if current is not manifest:
                         _offer(objects, older, (tenant, key), manifest)
                 elif kind == _DATA:
-                    fragmented[((tenant, key), seq)][index] = (location, size, at, length, count)
+                    fragmented[((tenant, key), seq)][index] = (
+                        location,
+                        size,
+                        fragment_offset,
+                        length,
+                        count,
+                    )
                 elif kind == _TOMBSTONE and tombstones.get((tenant, key), (0,))[0] < seq:
                     tombstones[(tenant, key)] = (seq, location)
         for (object_id, seq), fragments in fragmented.items():
