@@ -258,19 +258,7 @@ class Store:
         new = tuple.__new__  # what a NamedTuple's constructor calls, without its Python frame
         for found in self._log.scan(_ProgressLog()):
             database, region, epoch, start = found.database, found.region, found.epoch, found.start
-            for (
-                offset,
-                kind,
-                seq,
-                tenant,
-                key,
-                size,
-                fragment_offset,
-                length,
-                index,
-                count,
-                _,
-            ) in found.rows:
+            for offset, kind, seq, tenant, key, size, at, length, index, count, _ in found.rows:
                 if seq > top_seq:
                     top_seq = seq
                 record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
@@ -282,13 +270,7 @@ class Store:
                     if current is not manifest:
                         _offer(objects, older, (tenant, key), manifest)
                 elif kind == _DATA:
-                    fragmented[((tenant, key), seq)][index] = (
-                        location,
-                        size,
-                        fragment_offset,
-                        length,
-                        count,
-                    )
+                    fragmented[((tenant, key), seq)][index] = (location, size, at, length, count)
                 elif kind == _TOMBSTONE and tombstones.get((tenant, key), (0,))[0] < seq:
                     tombstones[(tenant, key)] = (seq, location)
         for (object_id, seq), fragments in fragmented.items():
@@ -297,7 +279,7 @@ class Store:
                 objects = best[object_id[0]]
                 if objects.setdefault(object_id[1], assembled) is not assembled:
                     _offer(objects, older, object_id, assembled)
-        for object_id, (seq, at) in tombstones.items():
+        for object_id, (seq, tombstone_at) in tombstones.items():
             shadowed = [loc for m in older.get(object_id, ()) if m.seq < seq for loc in m.locations]
             objects = best[object_id[0]]
             newest = objects.get(object_id[1])
@@ -305,7 +287,7 @@ class Store:
                 shadowed.extend(newest.locations)
                 del objects[object_id[1]]
             if shadowed:
-                self._tombstones.add(object_id, seq, at, shadowed)
+                self._tombstones.add(object_id, seq, tombstone_at, shadowed)
         self.index.load(best)
         self._log.retain(
             tuple(loc for objects in best.values() for m in objects.values() for loc in m.locations)
