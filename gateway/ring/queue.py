@@ -10,6 +10,11 @@ counter is one aligned 8-byte store; x86-64's total store order keeps these in o
 through a memoryview cast to unsigned 64-bit words, which moves all 8 bytes at once:
 ``struct.pack_into`` is not usable for them, because it zeroes its target before writing it and
 the peer can read that zero in between.
+
+Counters start at 0 (a new memfd is zeros) and never wrap: 2**64 entries at a billion a second
+take 584 years, and wrapping modulo 2**64 would move the slot an index maps to unless the slot
+count is a power of two. A producer's counter can only reach 2**64 - 1 if the peer wrote it
+there before the queue was made; its next push raises ``ProtocolError`` and writes nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from gateway.ring.layout import (
 )
 
 E = TypeVar("E", Submission, Completion)
+COUNTER_MAX = 2**64 - 1
 
 
 class _Queue(Generic[E]):
@@ -67,6 +73,8 @@ class _Queue(Generic[E]):
 class Producer(_Queue[E]):
     def push(self, entry: E) -> bool:
         """Append one entry; False when the queue is full (the consumer is behind)."""
+        if self._index == COUNTER_MAX:
+            raise ProtocolError(f"peer set the queue tail to {self._index}, the top of its counter")
         head = self._read(self._peer_offset)
         used = self._index - head
         if not 0 <= used <= self.capacity:

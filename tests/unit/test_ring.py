@@ -14,6 +14,7 @@ import pytest
 from gateway.errors import ProtocolError
 from gateway.ring.layout import (
     PAGE_BYTES,
+    SQ_HEAD,
     SQ_TAIL,
     RingLayout,
     Submission,
@@ -72,6 +73,20 @@ def test_producer_refuses_a_head_ahead_of_its_tail() -> None:
     struct.pack_into("<Q", buf, 192, 9)  # CQ_HEAD
     with pytest.raises(ProtocolError, match="head"):
         producer.push((1, 0, 0, 0, 0, 0, 0, 0))  # type: ignore[arg-type]
+
+
+def test_a_producer_refuses_to_advance_its_counter_past_2_to_the_64() -> None:
+    """A peer can hand over memory whose counters are near the top; the 64-bit counter must
+    not be published past it (that raised ValueError, after writing the entry)."""
+    buf = shared()
+    for counter in (SQ_HEAD, SQ_TAIL):
+        struct.pack_into("<Q", buf, counter, 2**64 - 2)
+    producer = submission_producer(buf, LAYOUT)
+    assert producer.push(entry(1))
+    before = bytes(buf)
+    with pytest.raises(ProtocolError, match="top of its counter"):
+        producer.push(entry(2))
+    assert bytes(buf) == before
 
 
 def test_layout_is_page_aligned_and_checked_when_mapped() -> None:
