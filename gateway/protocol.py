@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from gateway.errors import ProtocolError
+from gateway.errors import HandshakeRefused, ProtocolError
 
 PROTOCOL_VERSION = 1
 FRAME_BYTES_MAX = 64 * 1024
@@ -145,7 +145,7 @@ def welcome_body(welcome: Welcome) -> dict[str, Any]:
 
 def parse_welcome(body: dict[str, Any]) -> Welcome:
     if body.get("ok") is not True:
-        raise ProtocolError(str(body.get("error", "the gateway refused the handshake")))
+        raise HandshakeRefused(str(body.get("error", "the gateway refused the handshake")))
     values: dict[str, int] = {}
     for name in Welcome.__dataclass_fields__:
         value = body.get(name)
