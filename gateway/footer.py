@@ -113,9 +113,8 @@ def unpack_footer(blob: memoryview, trailer: Trailer, seed: int) -> list[FooterR
         return None
     if not isinstance(rows, tuple) or len(rows) != trailer.entries:
         return None
-    try:
-        if rows and {len(row) for row in rows} != {ROW_FIELDS}:
-            return None
-    except TypeError:  # an entry that is not a tuple
+    # Every row a msgpack array (a tuple) of ROW_FIELDS, not a string, bytes or a map of that
+    # length; one set over the rows, no Python loop per row: a restart reads 100,000 of them.
+    if rows and {len(row) if type(row) is tuple else -1 for row in rows} != {ROW_FIELDS}:
         return None
     return list(rows)
