@@ -71,8 +71,9 @@ def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[FooterRow]:
     trailer = unpack_trailer(reader.page(trailer_at, read_ahead=False), salt)
     if trailer is None or trailer.epoch != epoch:
         return []
+    # A footer lies page aligned before the trailer, and holds at least an empty msgpack array.
     end = trailer.footer_offset + trailer.footer_bytes
-    if trailer.footer_offset % PAGE_BYTES or end > reader.region_bytes - TRAILER_BYTES:
+    if trailer.footer_offset % PAGE_BYTES or end > trailer_at or not trailer.footer_bytes:
         return []
     rows = unpack_footer(reader.read(trailer.footer_offset, trailer.footer_bytes), trailer, salt)
     return rows or []

@@ -8,8 +8,12 @@ from typing import Any
 import msgpack
 import pytest
 
-from gateway.footer import Trailer, pack_footer, row_of, unpack_footer
-from gateway.format import Kind, RecordHeader, checksum
+from gateway.backends.memory import MemoryDevice
+from gateway.backends.regionlog import RegionLog
+from gateway.backends.regionscan import RegionReader, first_header
+from gateway.footer import TRAILER_BYTES, Trailer, pack_footer, pack_trailer, row_of, unpack_footer
+from gateway.format import Kind, RecordHeader, checksum, unpack_superblock
+from tests.unit.storage_helpers import REGION, extent, payload
 
 SEED = 0x5EED
 HEADER = RecordHeader(Kind.DATA, 7, "t", "k", 5000, 0, 5000, payload_checksum=99, epoch=3)
@@ -36,3 +40,25 @@ def test_a_footer_row_that_is_not_an_array_of_eleven_is_not_believed(row: object
     """A row of 11 characters, bytes or map entries passed a check that took only its len()."""
     blob = bytes(msgpack.packb([row_of(4096, HEADER), row]))
     assert footer_of(blob, 2) is None
+
+
+def test_a_trailer_of_an_empty_footer_costs_a_walk() -> None:
+    """A trailer (checksum holds, the region's epoch) saying its footer has 0 bytes: reading
+    0 bytes mapped a 0-byte buffer, and the recovery failed with OSError (EINVAL)."""
+    device = MemoryDevice(4096 + 4 * REGION)
+    log = RegionLog([device], REGION, lambda *r: [])
+    record = extent(payload(6, 4096))
+    for seq in range(60):  # 8 KiB records: regions 0 and 1 sealed, with footers
+        log.append(0, RecordHeader(Kind.DATA, seq, "t", f"k{seq}", 4096, 0, 4096), record)
+    page = extent(bytes(4096))
+    device.read([page], 0)
+    superblock = unpack_superblock(page)
+    assert superblock is not None
+    salt = superblock.salt
+    first = first_header(RegionReader(device, 4096, REGION), salt)
+    assert first is not None
+    trailer = extent(bytes(TRAILER_BYTES))
+    pack_trailer(Trailer(0, first.epoch, 4096, 0, checksum(b"", salt)), trailer, salt)
+    device.write([trailer], 4096 + REGION - TRAILER_BYTES)
+    recovered = RegionLog([device], REGION, lambda *r: []).scan()
+    assert [row[2] for region in recovered for row in region.rows] == list(range(60))
