@@ -72,7 +72,8 @@ def tier_hits(http_url):
 
 
 class MPClient:
-    def __init__(self, url, num_chunks, timeout):
+    def __init__(self, url, num_chunks, timeout, cache_salt=""):
+        self.cache_salt = cache_salt  # vLLM's per-user salt: part of every chunk's key
         self.timeout = timeout
         self.ctx = zmq.Context()
         self.ctx.setsockopt(zmq.LINGER, 0)
@@ -112,6 +113,7 @@ class MPClient:
             end=end,
             request_id=request_id,
             num_kv_readers=1,
+            cache_salt=self.cache_salt,
         )
 
     def lookup(self, tokens, request_id):
@@ -176,6 +178,7 @@ def main():
     ap.add_argument("--http-port", type=int, help="enables L1/L2 hit breakdown")
     ap.add_argument("action", choices=["store", "check"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cache-salt", default="", help="vLLM's cache_salt for every key")
     ap.add_argument(
         "--expect-tier",
         choices=["l1", "l2"],
@@ -192,7 +195,7 @@ def main():
         ap.error("--expect-tier needs --http-port")
     http = f"http://{args.host}:{args.http_port}" if args.http_port else None
 
-    c = MPClient(f"tcp://{args.host}:{args.port}", args.chunks, args.timeout)
+    c = MPClient(f"tcp://{args.host}:{args.port}", args.chunks, args.timeout, args.cache_salt)
     rid = f"mp-client-{args.action}-{args.seed}-{os.getpid()}"
     try:
         tokens = make_tokens(args.seed, c.num_tokens)
