@@ -178,6 +178,8 @@ def pack_superblock(superblock: Superblock, out: memoryview) -> None:
 
 def unpack_superblock(buf: bytes | memoryview) -> Superblock | None:
     """The superblock in ``buf``, or None where there is none (a new or foreign device)."""
+    if len(buf) < HEADER_BYTES:
+        return None
     (stored,) = _CHECKSUM.unpack_from(buf, _CHECKSUM_OFFSET)
     magic, version, database, _, region_bytes, salt = _SUPERBLOCK.unpack_from(buf)
     if magic != SUPERBLOCK_MAGIC or stored != checksum(buf[:_CHECKSUM_OFFSET]):

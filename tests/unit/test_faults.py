@@ -142,3 +142,17 @@ def test_short_transfers_of_the_kernel_are_finished_by_the_file_device(
     out = extent(bytes(len(data)))
     assert store.get("t", "k", out, len(data)) and bytes(out[: len(data)]) == data
     assert calls["write"] > 30 and calls["read"] > 30  # the transfers really were cut short
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_io_past_the_end_of_a_device_raises_oserror(kind: str, tmp_path: Path) -> None:
+    """What the store and recovery catch from a device is OSError; the in-memory device raised
+    ValueError for a read past its end, and grew for a write past it."""
+    (device,) = make_devices(kind, tmp_path, 1, 8 * 4096)
+    with pytest.raises(OSError):
+        device.read([extent(bytes(8192))], 7 * 4096)
+    if kind == "memory":  # a file device asserts: the region log never writes past the end
+        with pytest.raises(OSError):
+            device.write([extent(bytes(8192))], 7 * 4096)
+        assert device.size_bytes == 8 * 4096
+    device.close()

@@ -67,3 +67,4 @@ def test_superblock_round_trips_and_rejects_damage() -> None:
     assert unpack_superblock(page) == Superblock(2, 2**26, 1234)
     page[30] ^= 1
     assert unpack_superblock(page) is None
+    assert unpack_superblock(page[:100]) is None  # it raised struct.error
