@@ -1,6 +1,6 @@
 """Goal: the stock `lmcache server` with our plugin persists KV chunks through the gateway: they
 come back as L2 hits, byte-exact, after both the MP server and the gateway restart; the server
-runs without the gateway and picks it up later; and a gateway killed mid-traffic never stalls
+runs without the gateway and picks it up later; and a gateway killed or hung (SIGSTOP) mid-traffic never stalls
 LMCache."""
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
     store_then_load_from_l2(server, seed=1)
 
 
-def test_gateway_killed_during_traffic_never_stalls_lmcache(
-    gateway: Gateway, make_server: Callable[[str], LMCacheServer]
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_gateway_killed_or_hung_during_traffic_never_stalls_lmcache(
+    gateway: Gateway, make_server: Callable[[str], LMCacheServer], signum: int
 ) -> None:
     timeout_s = 2.0
     server = make_server(
@@ -111,15 +112,18 @@ def test_gateway_killed_during_traffic_never_stalls_lmcache(
     )
     wait_until(lambda: "connected" in gateway.log() and server.status() is not None, 30, "traffic")
     time.sleep(4)  # the client is storing: its chunks are on their way to the gateway
-    gateway.send_signal(signal.SIGKILL)
+    gateway.send_signal(signum)
     assert storing.wait(90) == 0  # vLLM-side stores never depend on L2
     killed = time.monotonic()
     wait_until(server.l2_settled, timeout_s + 10, "in-flight L2 ops to complete")
     assert time.monotonic() - killed < timeout_s + 10
     assert mp_client(server, "check", 1, "--chunks", "16", "--expect-tier", "l1") == 0
-    gateway.proc.wait(10)  # type: ignore[union-attr]
-    gateway.start()
-    wait_until(lambda: gateway.log().count("connected") >= 2, 30, "the plugin to reconnect")
+    if signum == signal.SIGSTOP:
+        gateway.send_signal(signal.SIGCONT)  # the same session carries on
+    else:
+        gateway.proc.wait(10)  # type: ignore[union-attr]
+        gateway.start()
+        wait_until(lambda: gateway.log().count("connected") >= 2, 30, "the plugin to reconnect")
     store_then_load_from_l2(server, seed=3)
 
 
