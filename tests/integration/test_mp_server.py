@@ -1,7 +1,7 @@
 """Goal: the stock `lmcache server` with our plugin persists KV chunks through the gateway: they
 come back as L2 hits, byte-exact, after both the MP server and the gateway restart; the server
-runs without the gateway and picks it up later; and a gateway killed or hung (SIGSTOP) mid-traffic never stalls
-LMCache."""
+runs without the gateway and picks it up later; and a gateway killed or hung (SIGSTOP)
+mid-traffic never stalls LMCache."""
 
 from __future__ import annotations
 
