@@ -12,7 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from gateway.errors import ProtocolError
+from gateway.errors import GatewayError, ProtocolError
 from gateway.protocol import (
     FRAME_BYTES_MAX,
     KEY_BYTES_MAX,
@@ -176,7 +176,7 @@ def test_the_plugin_closes_the_fds_of_a_welcome_it_refuses(
 
     thread = threading.Thread(target=gateway)
     thread.start()
-    with server, pytest.raises(ProtocolError):
+    with server, pytest.raises(GatewayError):  # HandshakeRefused, or ProtocolError
         GatewayLink.connect(path, Hello("t"), timeout_s=10)
     thread.join()
     os.close(write_end)
