@@ -302,7 +302,6 @@ class Store:
 
     def close(self) -> None:
         self._fragment_io.shutdown()
-        self.sync_all()
         self._log.close()
 
     def statistics(self) -> StoreStatistics:

@@ -328,8 +328,24 @@ class RegionLog:
                 raise StorageError(f"sync of database {database} failed: {exc}") from exc
 
     def close(self) -> None:
+        """Seal the open regions with their footers (a restart treats every region as sealed,
+        and reads a footer rather than walking), make everything durable, close the devices.
+        Raises StorageError if the final sync fails."""
         for db in self._databases:
-            db.device.close()
+            with self._lock:
+                ready = []
+                for region in db.open.values():
+                    region.sealed = True
+                    if self._ready_to_seal(region):
+                        ready.append(region)
+                db.open.clear()
+            for region in ready:
+                self._write_footer(db, region)
+        try:
+            self.sync(set(range(self.databases)))
+        finally:
+            for db in self._databases:
+                db.device.close()
 
     def scan(self, progress: Progress | None = None) -> Iterator[RegionRecords]:
         """Yield the records of every region in use; call once, before the first append.
