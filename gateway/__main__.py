@@ -13,14 +13,19 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gateway import config as config_module
 from gateway.errors import GatewayError
 
+if TYPE_CHECKING:
+    from gateway.backends.base import Device
+
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         return int(args.run(args))
     except GatewayError as exc:
@@ -28,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adp-gateway", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the gateway until SIGTERM or Ctrl-C")
@@ -37,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", help="Unix socket path clients connect to")
     serve.add_argument("--capacity", help="bytes of disk to use in all, such as 64GiB")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    serve.set_defaults(run=_serve)
+    serve.set_defaults(run=serve_until_stopped)
     check = commands.add_parser(
         "check", help="verify every record on disk (the gateway must be stopped); exit 1 on damage"
     )
@@ -61,7 +66,11 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if report.damage and not args.fix else 0
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve_until_stopped(
+    args: argparse.Namespace, wrap_device: Callable[[Device], Device] | None = None
+) -> int:
+    """``adp-gateway serve``: run until SIGTERM or SIGINT. ``wrap_device`` wraps each
+    database's device (tests/integration/faulty_gateway.py injects faults with it)."""
     from gateway.service import Gateway  # imported late: `--help` stays fast
 
     overrides = {
@@ -82,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    gateway = Gateway(config)
+    gateway = Gateway(config, wrap_device)
     gateway.start()
     try:
         while not stop.wait(1.0):

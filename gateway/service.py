@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from gateway import config as config_module
 from gateway.backends.base import Device
@@ -45,8 +46,12 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(
+        self, config: GatewayConfig, wrap_device: Callable[[Device], Device] | None = None
+    ) -> None:
+        """``wrap_device`` wraps each database's device (tests inject faults with it)."""
         self.config = config_module.resolve_capacity(config)
+        self._wrap_device = wrap_device or (lambda device: device)
         self._listener: socket.socket | None = None
         self._sessions: dict[int, Session] = {}
         self._session_ids = itertools.count(1)
@@ -66,8 +71,9 @@ class Gateway:
         paths = self.config.database_paths
         assert self.config.capacity is not None
         per_database = self.config.capacity // len(paths)
-        devices: list[Device] = [
-            FileDevice(p, per_database, grow=p not in self.config.devices) for p in paths
+        devices = [
+            self._wrap_device(FileDevice(p, per_database, grow=p not in self.config.devices))
+            for p in paths
         ]
         store_ref: list[Store] = []
         region_log = RegionLog(

@@ -54,10 +54,13 @@ class Process:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def spawn(
+        self, argv: list[str], env: dict[str, str] | None = None, stdin: int | None = None
+    ) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,
+                stdin=stdin,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -86,15 +89,24 @@ class Process:
         except subprocess.TimeoutExpired:
             self.kill()
             return None
+        finally:
+            self._close_stdin()
 
     def kill(self) -> None:
         if self.proc is not None:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            self.proc.stdin.close()
 
 
 class Gateway(Process):
+    stdin: int | None = None  # what the process reads
+
     def __init__(
         self,
         workdir: Path,
@@ -116,9 +128,12 @@ class Gateway(Process):
             *extra,
         ]
 
+    def argv(self) -> list[str]:
+        return [str(BIN / "adp-gateway"), "serve", *self.args]
+
     def start(self, wait: bool = True) -> Gateway:
         mark = len(self.log())
-        self.spawn([str(BIN / "adp-gateway"), "serve", *self.args])
+        self.spawn(self.argv(), stdin=self.stdin)
         if wait:
             wait_until(
                 lambda: "listening on" in self.log()[mark:] or not self.alive,

@@ -5,6 +5,7 @@
 - ``tear_next_write(at)``: the next write lands only its first ``at`` bytes, then raises EIO, as a
   crash or a failing drive in the middle of a write leaves it.
 - ``delay_s``: every read and write first sleeps this long (a latency spike or a stall).
+- ``clear()``: no more failures or delays.
 - ``power_loss(rng)``: what a power cut does to writes since the last ``sync``: each one, newest
   first, stays, is lost, or is torn at a 512-byte sector. Synced writes always stay. The device
   is then closed to further I/O, as the machine would be; reopen the inner device to go on.
@@ -40,6 +41,11 @@ class FaultyDevice:
     def fail(self, op: str, errno: int = errno_codes.EIO, count: int = 1) -> None:
         with self._lock:
             self._failures[op].extend([errno] * count)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._failures = {"read": [], "write": []}
+            self.delay_s = 0.0
 
     def tear_next_write(self, at: int) -> None:
         with self._lock:

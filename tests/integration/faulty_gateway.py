@@ -1,0 +1,65 @@
+"""A real gateway process whose databases fail on command, for tests/integration/test_faults.py.
+
+    python -m tests.integration.faulty_gateway serve [adp-gateway serve's flags]
+
+It is ``adp-gateway serve`` with each database's device wrapped in a FaultyDevice
+(gateway/backends/faulty.py). One JSON command per line on stdin is applied, then logged as
+``applied <line>``:
+
+    {"database": 0, "fail": "read", "errno": 5, "count": 3}   the next 3 reads raise EIO
+    {"database": 1, "delay_s": 3.0}                           every I/O first sleeps 3 s
+    {"clear": true}                                           no more failures or delays
+
+It stops on SIGTERM, or when stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from gateway.__main__ import parser, serve_until_stopped
+from gateway.backends.base import Device
+from gateway.backends.faulty import FaultyDevice
+
+log = logging.getLogger("faulty_gateway")
+
+
+def apply(devices: list[FaultyDevice], command: dict[str, Any]) -> None:
+    if command.get("clear"):
+        for device in devices:
+            device.clear()
+        return
+    device = devices[command["database"]]
+    if "delay_s" in command:
+        device.delay_s = command["delay_s"]
+    if "fail" in command:
+        device.fail(command["fail"], command["errno"], command["count"])
+
+
+def read_commands(devices: list[FaultyDevice]) -> None:
+    for line in sys.stdin:
+        apply(devices, json.loads(line))
+        log.info("applied %s", line.strip())
+    os.kill(os.getpid(), signal.SIGTERM)  # stdin closed: the test is gone
+
+
+def main() -> int:
+    args = parser().parse_args(sys.argv[1:])
+    devices: list[FaultyDevice] = []
+
+    def wrap(device: Device) -> Device:
+        devices.append(FaultyDevice(device))
+        return devices[-1]
+
+    threading.Thread(target=read_commands, args=(devices,), daemon=True).start()
+    return serve_until_stopped(args, wrap)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
