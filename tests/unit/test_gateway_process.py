@@ -1,5 +1,6 @@
 """Goal: the gateway process refuses bad configs and environments with one clear line, stops
-cleanly on SIGTERM, and drops a client that writes garbage into its ring while serving others."""
+cleanly on SIGTERM, drops a client that writes garbage into its ring while serving others, and
+frees every fd and mapping of a client killed mid-transfer."""
 
 from __future__ import annotations
 
@@ -202,5 +203,59 @@ def test_every_sync_policy_serves_and_survives_a_kill(
         out = [bytearray(300_000) for _ in range(3)]
         item = wait_for_future(connector, connector.submit_batch_get(["a", "b", "c"], views(out)))
         assert item[3] == [True, True, True] and out == data
+    finally:
+        connector.close()
+
+
+STORER = """
+import sys, numpy as np
+from lmcache_adp import ADPConnector
+from tests.support import wait_for_future
+c = ADPConnector(socket_path=sys.argv[1], op_timeout_s=30.0)
+data = [memoryview(bytearray(np.random.default_rng(i).bytes(8 * 2**20))) for i in range(8)]
+n = 0
+while True:  # stores until killed, eight 8 MiB objects in flight at a time
+    keys = [f"dying{n}-{i}" for i in range(8)]
+    print("stored", wait_for_future(c, c.submit_batch_set(keys, data))[1], flush=True)
+    n += 1
+"""
+
+
+def session_resources(gateway: Gateway) -> tuple[int, int]:
+    """The gateway's open fds and its mappings of session shared memory."""
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return len(os.listdir(f"/proc/{pid}/fd")), maps.count("memfd:adp-session")
+
+
+def test_a_client_killed_mid_transfer_frees_its_session(gateway: Gateway) -> None:
+    baseline = session_resources(gateway)
+    assert baseline[1] == 0
+    client = subprocess.Popen(
+        [sys.executable, "-c", STORER, str(gateway.socket_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline().startswith("stored")  # a batch went through
+        assert session_resources(gateway)[1] >= 1
+        client.kill()  # with the next batch in flight
+    finally:
+        client.kill()
+        client.wait(10)
+    wait_until(lambda: "client disconnected" in gateway.log(), 10, "the gateway to notice")
+    wait_until(
+        lambda: session_resources(gateway) == baseline,
+        30,
+        f"the session's fds and shared memory to be freed (baseline {baseline})",
+    )
+    connector = ADPConnector(**gateway.adapter_params())  # the gateway serves the next client
+    try:
+        connected(connector)
+        data = objects(1, 2**20)
+        assert wait_for_future(connector, connector.submit_batch_set(["next"], views(data)))[1]
     finally:
         connector.close()
