@@ -6,12 +6,19 @@ starve another's. Admission control: while the bytes of queued stores exceed
 ``store_backlog_bytes_max``, new stores are refused at once (the plugin reports a failed store
 and LMCache keeps the chunk in L1) instead of holding LMCache's buffers for longer.
 EXISTS never comes here: the session answers it from the index.
+
+Stall containment: each task names the databases its I/O touches, and at most
+``per_database_max`` running tasks may touch any one database. A database that stalls for
+seconds then holds only that many I/O threads; tasks for the other databases go ahead of the
+ones waiting for it, and a task whose deadline has passed is handed out at once (it completes as
+expired without I/O).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -31,6 +38,7 @@ class Task:
     data_bytes: int
     run: Callable[[], None] = field(repr=False)  # does the work and completes the op
     cancel: Callable[[int], None] = field(repr=False)  # completes the op with this Status
+    databases: frozenset[int] = frozenset()  # what its I/O touches
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,10 @@ class SchedulerStatistics:
 
 
 class Scheduler:
-    def __init__(self, store_backlog_bytes_max: int) -> None:
+    def __init__(self, store_backlog_bytes_max: int, per_database_max: int | None = None) -> None:
         self._store_backlog_bytes_max = store_backlog_bytes_max
+        self._per_database_max = per_database_max
+        self._running: Counter[int] = Counter()  # database -> running tasks touching it
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
         self._ready = threading.Condition()
@@ -62,13 +72,20 @@ class Scheduler:
             return True
 
     def next(self, timeout_s: float) -> Task | None:
-        """The next task to run, waiting up to ``timeout_s``; None on timeout or when closed."""
+        """The next task to run, waiting up to ``timeout_s``; None on timeout or when closed.
+        The caller runs it, then calls ``finished``."""
         with self._ready:
             task = self._pop()
             if task is None and not self._closed:
                 self._ready.wait(timeout_s)
                 task = self._pop()
             return task
+
+    def finished(self, task: Task) -> None:
+        """``task`` (from ``next``) is done: its databases may take another."""
+        with self._ready:
+            self._running.subtract(task.databases)
+            self._ready.notify_all()
 
     def drop_session(self, session_id: int) -> list[Task]:
         """Remove and return every queued task of a session that went away."""
@@ -96,17 +113,27 @@ class Scheduler:
             return SchedulerStatistics(queued, self._store_backlog_bytes)
 
     def _pop(self) -> Task | None:
+        now = time.monotonic_ns()
         for queues in self._queues:
-            if not queues:
-                continue
-            session_id, queue = next(iter(queues.items()))
-            task = queue.popleft()
-            del queues[session_id]
-            if queue:
-                queues[session_id] = queue  # to the back: the next session takes its turn
-            self._release([task])
-            return task
+            for session_id, queue in queues.items():
+                index = next((i for i, t in enumerate(queue) if self._may_start(t, now)), None)
+                if index is None:
+                    continue
+                task = queue[index]
+                del queue[index]
+                del queues[session_id]
+                if queue:
+                    queues[session_id] = queue  # to the back: the next session takes its turn
+                self._release([task])
+                self._running.update(task.databases)
+                return task
         return None
+
+    def _may_start(self, task: Task, now: int) -> bool:
+        limit = self._per_database_max
+        if limit is None or now > task.deadline_ns:
+            return True
+        return all(self._running[d] < limit for d in task.databases)
 
     def _release(self, tasks: list[Task]) -> None:
         self._store_backlog_bytes -= sum(

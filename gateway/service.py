@@ -59,7 +59,7 @@ class Gateway:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
-        self.scheduler = Scheduler(self.config.store_backlog_max)
+        self.scheduler = Scheduler(self.config.store_backlog_max, _per_database_max(self.config))
         self.store = self._open_store()
         self._periodic_sync: PeriodicSync | None = None
         if self.config.sync == "periodic":
@@ -140,12 +140,15 @@ class Gateway:
     def _io_loop(self) -> None:
         while not self._stopping.is_set():
             task = self.scheduler.next(timeout_s=0.5)
-            if task is not None:
-                try:
-                    task.run()
-                except Exception:  # a bug must not kill an I/O thread: fail the op, log it
-                    log.exception("unexpected error in an I/O task")
-                    task.cancel(2)
+            if task is None:
+                continue
+            try:
+                task.run()
+            except Exception:  # a bug must not kill an I/O thread: fail the op, log it
+                log.exception("unexpected error in an I/O task")
+                task.cancel(2)
+            finally:
+                self.scheduler.finished(task)
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
@@ -201,6 +204,14 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+
+
+def _per_database_max(config: GatewayConfig) -> int | None:
+    """How many I/O threads ops on one database may hold: with several databases, a quarter
+    of them stays for the others, however long one of them stalls."""
+    if len(config.database_paths) == 1:
+        return None
+    return max(1, config.io_threads - config.io_threads // 4)
 
 
 def _peer(conn: socket.socket) -> Peer:

@@ -176,6 +176,7 @@ class Session:
                 lambda: self._finish_with_results(
                     submission, arena, self._store.delete(self.tenant, keys)
                 ),
+                self._store.databases_holding(self.tenant, keys),
             )
         else:
             self._queue_data_op(op, submission, keys, arena)
@@ -220,9 +221,19 @@ class Session:
             self._count(stores=1, bytes_stored=length)
             self.complete(submission, Status.OK)
 
-        self._queue(submission, length, load if op == Op.GET else store)
+        if op == Op.GET:
+            self._queue(submission, length, load, self._store.databases_holding(self.tenant, keys))
+        else:
+            databases = self._store.databases_to_store(self.tenant, key, length)
+            self._queue(submission, length, store, databases)
 
-    def _queue(self, submission: Submission, data_bytes: int, work: Callable[[], None]) -> None:
+    def _queue(
+        self,
+        submission: Submission,
+        data_bytes: int,
+        work: Callable[[], None],
+        databases: frozenset[int],
+    ) -> None:
         def run() -> None:
             if time.monotonic_ns() > submission.deadline_ns:
                 self.complete(submission, Status.EXPIRED)
@@ -240,6 +251,7 @@ class Session:
             data_bytes,
             run,
             lambda status: self.complete(submission, Status(status)),
+            databases,
         )
         if not self._scheduler.submit(task):
             self.complete(submission, Status.REJECTED)

@@ -64,10 +64,12 @@ class Store:
         self._counts: dict[str, int] = defaultdict(int)
         self._tombstones = Tombstones()
         self._tombstones_lock = threading.Lock()
-        # Fragment I/O on every database but the caller's own, so one object uses every drive.
-        self._fragment_io = ThreadPoolExecutor(
-            max_workers=max(1, 4 * (region_log.databases - 1)), thread_name_prefix="fragment-io"
-        )
+        # Fragment I/O on every database but the caller's own, so one object uses every drive;
+        # a pool per database, so a stalled one cannot hold up another's.
+        self._fragment_io = [
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"fragment-io-{d}")
+            for d in range(region_log.databases)
+        ]
 
     def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
         """The region log reclaims a region: forget its objects, return tombstones to carry."""
@@ -84,6 +86,18 @@ class Store:
             len(carried),
         )
         return carried
+
+    def databases_to_store(self, tenant: str, key: str, object_bytes: int) -> frozenset[int]:
+        """The databases a store of this object writes (for the scheduler)."""
+        plan = fragmenter.plan(
+            object_bytes, self._fragment_bytes_max, self._log.databases, key_hash(tenant, key)
+        )
+        return frozenset(fragment.database for fragment in plan)
+
+    def databases_holding(self, tenant: str, keys: list[str]) -> frozenset[int]:
+        """The databases a load or delete of these objects touches (for the scheduler)."""
+        found = (self.index.get((tenant, key)) for key in keys)
+        return frozenset(loc.database for m in found if m is not None for loc in m.locations)
 
     def exists(self, tenant: str, keys: list[str]) -> list[bool]:
         return self.index.contains(tenant, keys)
@@ -194,7 +208,7 @@ class Store:
         fragments on several drives use them all at once). Raises the first StorageError."""
         if len(databases) == 1:
             return {databases[0]: work(databases[0])}
-        futures = {d: self._fragment_io.submit(work, d) for d in databases[1:]}
+        futures = {d: self._fragment_io[d].submit(work, d) for d in databases[1:]}
         results: dict[int, _T] = {}
         failure: StorageError | None = None
         try:
@@ -301,7 +315,8 @@ class Store:
         self._log.sync(set(range(self._log.databases)))
 
     def close(self) -> None:
-        self._fragment_io.shutdown()
+        for pool in self._fragment_io:
+            pool.shutdown()
         self._log.close()
 
     def statistics(self) -> StoreStatistics:

@@ -168,20 +168,20 @@ def test_disk_errors_and_a_full_disk_fail_only_the_ops_they_touch(faulty: Faulty
 def test_stalls_expire_their_own_ops_while_the_rest_is_served(faulty: FaultyGateway) -> None:
     client = Client(faulty)
     size = 256 * 2**10
-    stored = objects(5, 16, size)
+    stored = objects(5, 32, size)
     assert client.store(stored) == [True] * len(stored)
     on_db1 = {k: v for k, v in stored.items() if databases_of(k, size) == {1}}
     on_db0 = {k: v for k, v in stored.items() if databases_of(k, size) == {0}}
-    assert on_db0 and on_db1
+    assert len(on_db0) > 8 and on_db1  # more than the gateway's 8 I/O threads
 
     faulty.inject(database=1, delay_s=0.3)  # a latency spike: slower, not failing
     assert client.load(on_db1) == [True] * len(on_db1)
+    faulty.inject(database=1, delay_s=0)
 
-    # A stall past every deadline. Each op caught in it holds an I/O thread until the disk
-    # answers, so it stalls fewer ops than there are threads (docs/reliability.md).
+    # A stall past every deadline, catching more ops than there are I/O threads: each holds its
+    # thread until the disk answers, but ops on one database may hold only 6 of the 8.
     faulty.inject(database=0, delay_s=OP_TIMEOUT_S + 3)
-    stalled = dict(list(on_db0.items())[:2])
-    assert client.load(stalled) == [False, False]  # within the deadline, as misses
+    assert client.load(on_db0) == [False] * len(on_db0)  # within the deadline, as misses
     started = time.monotonic()
     assert client.exists(list(stored)) == [True] * len(stored)
     assert client.load(on_db1) == [True] * len(on_db1)  # the other database is served

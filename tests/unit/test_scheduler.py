@@ -1,7 +1,10 @@
-"""Goal: loads run before stores before deletes, sessions take turns, and the store backlog is
-bounded by refusing new stores at once."""
+"""Goal: loads run before stores before deletes, sessions take turns, the store backlog is
+bounded by refusing new stores at once, and a stalled database holds at most its share of the
+I/O threads while tasks for other databases go ahead."""
 
 from __future__ import annotations
+
+import time
 
 from gateway.scheduler import Priority, Scheduler, Task
 
@@ -71,3 +74,34 @@ def test_dead_sessions_and_close_return_their_tasks() -> None:
     assert len(scheduler.close()) == 1
     assert not scheduler.submit(task(Priority.LOAD, 2))
     assert scheduler.next(0) is None
+
+
+def on(databases: set[int], session: int = 1, deadline_s: float = 60) -> Task:
+    deadline_ns = time.monotonic_ns() + int(deadline_s * 1e9)
+    return Task(
+        Priority.LOAD, session, deadline_ns, 0, lambda: None, lambda s: None, frozenset(databases)
+    )
+
+
+def test_a_stalled_database_holds_only_its_share_of_the_threads() -> None:
+    scheduler = Scheduler(10**9, per_database_max=2)
+    stuck = [on({0}) for _ in range(4)]
+    later = [on({1}), on({0, 1}), on({1}, session=2)]
+    for t in [*stuck, *later]:
+        assert scheduler.submit(t)
+    running = drain(scheduler)  # none finishes: database 0 is stalled
+    assert running == [stuck[0], later[2], stuck[1], later[0]]
+    assert scheduler.statistics().queued[Priority.LOAD] == 3
+    scheduler.finished(stuck[0])
+    assert drain(scheduler) == [stuck[2]]  # database 0 takes one more, still not {0, 1}
+    for t in (stuck[1], stuck[2], later[0]):
+        scheduler.finished(t)
+    assert drain(scheduler) == [stuck[3], later[1]]
+
+
+def test_a_task_past_its_deadline_is_handed_out_to_expire_at_once() -> None:
+    scheduler = Scheduler(10**9, per_database_max=1)
+    first, expired = on({0}), on({0}, deadline_s=-1)
+    scheduler.submit(first)
+    scheduler.submit(expired)
+    assert drain(scheduler) == [first, expired]
