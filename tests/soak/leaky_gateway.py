@@ -1,0 +1,45 @@
+"""The real gateway with one planted leak, for the soak test's self-tests (tests/soak/test_soak.py).
+
+    python -m tests.soak.leaky_gateway fds|memory serve ARGS...
+
+``fds``: every closed session leaves a dup of its submission eventfd open.
+``memory``: every store keeps ``LEAK_PER_STORE_BYTES`` of private memory for good.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from gateway import session, store
+from gateway.__main__ import main
+
+LEAK_PER_STORE_BYTES = 64 * 2**10
+_kept: list[object] = []
+
+
+def leak_fds() -> None:
+    close = session.Session.close
+
+    def close_leaving_an_eventfd_open(self: session.Session) -> None:
+        if not self._closed:
+            _kept.append(os.dup(self._submitted))
+        close(self)
+
+    session.Session.close = close_leaving_an_eventfd_open  # type: ignore[method-assign]
+
+
+def leak_memory() -> None:
+    put = store.Store.put
+
+    def put_keeping_memory(self: store.Store, *args: Any, **kwargs: Any) -> None:
+        _kept.append(b"\x01" * LEAK_PER_STORE_BYTES)
+        put(self, *args, **kwargs)
+
+    store.Store.put = put_keeping_memory  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    {"fds": leak_fds, "memory": leak_memory}[sys.argv[1]]()
+    sys.exit(main(sys.argv[2:]))
