@@ -172,6 +172,9 @@ class Store:
             log.error("%s/%s: %s", tenant, key, exc)
             self._counts["load_misses"] += 1
             return False
+        if None in headers and not all(map(self._log.is_current, manifest.locations)):
+            self._counts["load_misses"] += 1  # evicted since it was looked up: a plain miss
+            return False
         for index, header in enumerate(headers):
             if not self._intact((tenant, key), manifest, index, header, extent):
                 self._counts["verify_failures"] += 1

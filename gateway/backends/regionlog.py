@@ -106,6 +106,7 @@ class _Region:
     pool: str = Pools.SHARED
     used_bytes: int = 0
     writes_inflight: int = 0  # record writes, and the footer's
+    reads_inflight: int = 0  # a region being read is not reclaimed
     sealed: bool = False  # takes no more appends; its footer follows its last write
     footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
     last_access: int = 0
@@ -269,8 +270,25 @@ class RegionLog:
     ) -> list[RecordHeader | None]:
         """Read records of one database (each header, and its payload into ``payloads[i]``);
         records that lie back to back are read with one vectored read. An entry is None when
-        that header is not valid any more. Raises StorageError if a read failed."""
+        that header is not valid any more; all are None, without I/O, when a region was reclaimed
+        since the locations were looked up. Raises StorageError if a read failed."""
         db = self._databases[locations[0].database]
+        regions = {location.region for location in locations}
+        with self._lock:
+            if not all(map(self.is_current, locations)):
+                return [None] * len(locations)
+            for region in regions:
+                db.regions[region].reads_inflight += 1
+        try:
+            return self._read_records(db, locations, payloads)
+        finally:
+            with self._lock:
+                for region in regions:
+                    db.regions[region].reads_inflight -= 1
+
+    def _read_records(
+        self, db: _Database, locations: list[Location], payloads: list[memoryview | None]
+    ) -> list[RecordHeader | None]:
         pages = aligned(HEADER_BYTES * len(locations))
         views = [pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES] for i in range(len(locations))]
         first = 0
@@ -499,13 +517,16 @@ class RegionLog:
             idle = [
                 r
                 for r in db.regions
-                if r.epoch and r.pool in victims and r.writes_inflight == 0 and id(r) not in opened
+                if r.epoch
+                and r.pool in victims
+                and r.writes_inflight == r.reads_inflight == 0
+                and id(r) not in opened
             ]
             if not idle:
                 raise StorageError(
                     f"database {db.index} has no region to reclaim for "
                     f"{'tenant ' + repr(pool) if pool else 'the shared pool'}; every one it "
-                    "may take has writes in flight"
+                    "may take has reads or writes in flight"
                 )
             region = min(idle, key=lambda r: (r.live > 0, r.last_access))
             carried = self._on_reclaim(db.index, region.index, region.epoch)

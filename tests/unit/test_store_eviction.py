@@ -6,6 +6,7 @@ whatever order regions are reclaimed in, across restarts."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,50 @@ def test_a_recovery_longer_than_a_second_logs_its_progress(
     open_store([device])
     lines = [r.getMessage() for r in caplog.records if "recovering:" in r.getMessage()]
     assert len(lines) >= 5 and lines[-1].startswith("recovering: 8 of 8 regions read (100 %)")
+
+
+class PausingDevice(MemoryDevice):
+    """Its next read, once armed, waits until released: a load caught mid-I/O."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.armed = False
+        self.reading = threading.Event()
+        self.release = threading.Event()
+
+    def read(self, buffers: list[memoryview], offset: int) -> None:
+        if self.armed:
+            self.armed = False
+            self.reading.set()
+            self.release.wait(30)
+        super().read(buffers, offset)
+
+
+def test_a_region_being_read_is_not_reclaimed_under_the_read() -> None:
+    device = PausingDevice(SIZE)
+    store = open_store([device])
+    data = payload(1, 40_000)
+    store.put("t", "victim", extent(data), len(data))
+    out = extent(bytes(len(data)))
+    device.armed = True
+    loaded: list[bool] = []
+    reader = threading.Thread(target=lambda: loaded.append(store.get("t", "victim", out, 40_000)))
+    reader.start()
+    assert device.reading.wait(10)
+    flood(store, 2 * store.statistics().capacity_bytes // 40_000, {})  # every other region goes
+    device.release.set()
+    reader.join(10)
+    assert loaded == [True] and bytes(out[: len(data)]) == data
+
+
+def test_a_load_that_races_its_objects_eviction_is_a_plain_miss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = open_store([MemoryDevice(SIZE)])
+    store.put("t", "victim", extent(payload(1, 40_000)), 40_000)
+    manifest = store.index.get(("t", "victim"))
+    flood(store, 2 * store.statistics().capacity_bytes // 40_000, {})
+    store.index.put(("t", "victim"), manifest)  # as if looked up just before the reclaim
+    assert not store.get("t", "victim", extent(bytes(40_000)), 40_000)
+    assert store.statistics().verify_failures == 0
+    assert "not what the index says" not in caplog.text
