@@ -38,19 +38,22 @@ class GatewayLink:
         memfd, self.submit_fd, self.complete_fd = fds
         self.welcome = welcome
         self._sock = sock
-        self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
         try:
-            self._mapping = map_shared(memfd, self.layout)
-        except BaseException:
+            self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
+            try:
+                self._mapping = map_shared(memfd, self.layout)
+            finally:
+                os.close(memfd)
+            self.memory = memoryview(self._mapping)
+            self.window = self.layout.window(self.memory)
+            self._submissions = submission_producer(self.memory, self.layout)
+            self._completions = completion_consumer(self.memory, self.layout)
+        except BaseException as exc:  # a welcome that maps badly: whatever it was, not ours
             os.close(self.submit_fd)
             os.close(self.complete_fd)
+            if isinstance(exc, Exception) and not isinstance(exc, ProtocolError):
+                raise ProtocolError(f"the gateway's shared memory does not map: {exc}") from exc
             raise
-        finally:
-            os.close(memfd)
-        self.memory = memoryview(self._mapping)
-        self.window = self.layout.window(self.memory)
-        self._submissions = submission_producer(self.memory, self.layout)
-        self._completions = completion_consumer(self.memory, self.layout)
         self._free_slots = list(range(welcome.slots - 1, -1, -1))
         self.allocator = WindowAllocator(welcome.window_bytes)
         self.inflight: dict[int, Request] = {}  # op_id -> request

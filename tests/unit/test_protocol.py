@@ -181,3 +181,17 @@ def test_the_plugin_closes_the_fds_of_a_welcome_it_refuses(
     thread.join()
     os.close(write_end)
     assert closed_everywhere(read_end), "GatewayLink.connect leaked the fds of its welcome"
+
+
+def test_a_welcome_whose_memory_cannot_be_used_is_a_protocol_error_without_leaks() -> None:
+    """A window of 4,097 bytes maps, but its queues cannot be laid over it."""
+    from gateway.ring.layout import RingLayout, create_shared
+
+    memfd, _ = create_shared(RingLayout(1, 4096, 4097))
+    doorbells = [os.eventfd(0), os.eventfd(0)]
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(ProtocolError, match="shared memory does not map"):
+        GatewayLink(a, Welcome(1, 1, 4096, 4097, 4096), [memfd, *doorbells])
+    for fd in [memfd, *doorbells]:
+        with pytest.raises(OSError):
+            os.fstat(fd)
