@@ -1226,6 +1226,8 @@ def fill_region(
             header_epoch = epoch if src.integer(0, 4) else src.integer(1, COUNTER_TOP)
             header = dataclasses.replace(header, epoch=header_epoch)
             if offset + header.record_bytes > limit:
+                if src.integer(0, 1):  # its header anyway: a record running into the trailer
+                    region[offset : offset + HEADER_BYTES] = header_page(header, salt)
                 break
             region[offset : offset + HEADER_BYTES] = header_page(header, salt)
             region[offset + HEADER_BYTES : offset + HEADER_BYTES + len(payload)] = payload
@@ -1323,26 +1325,28 @@ def target_walk(src: Source) -> None:
 def verify_hit(
     data: bytes, salt: int, object_id: tuple[str, str], manifest: Manifest, buf: memoryview
 ) -> None:
-    """A load reported as verified: check it against the raw device, fragment by fragment."""
+    """A load reported as verified: check it against the raw device, fragment by fragment. Every
+    failure says "a bad hit" (what the recovery plant must lead to, whichever check sees it)."""
     covered = 0
     for index, location in enumerate(manifest.locations):
         header = unpack_header(data[location.offset : location.offset + HEADER_BYTES], salt)
         offset = index * manifest.fragment_bytes
         length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
-        assert header is not None and header.kind == Kind.DATA, (object_id, header)
-        assert (header.tenant, header.key, header.seq) == (*object_id, manifest.seq), header
-        assert header.epoch == location.epoch, (header, location)
+        why = f"a bad hit: {object_id} fragment {index} at {location}, header {header}"
+        assert header is not None and header.kind == Kind.DATA, why
+        assert (header.tenant, header.key, header.seq) == (*object_id, manifest.seq), why
+        assert header.epoch == location.epoch, why
         assert (header.fragment_index, header.fragment_offset, header.fragment_bytes) == (
             index,
             offset,
             length,
-        ), (header, manifest)
+        ), f"{why}, manifest {manifest}"
         at = location.offset + HEADER_BYTES
         payload = data[at : at + length]
-        assert checksum(payload) == header.payload_checksum, f"{object_id}: a bad payload loaded"
-        assert bytes(buf[offset : offset + length]) == payload, f"{object_id}: other bytes loaded"
+        assert checksum(payload) == header.payload_checksum, f"{why}: a bad payload loaded"
+        assert bytes(buf[offset : offset + length]) == payload, f"{why}: other bytes loaded"
         covered = offset + length
-    assert covered == manifest.object_bytes, f"{object_id}: {manifest} loaded bytes it never read"
+    assert covered == manifest.object_bytes, f"a bad hit: {object_id}: {manifest} unread bytes"
 
 
 @target
@@ -1586,7 +1590,7 @@ def plant_walk(patch: Patch) -> None:
     patch(regionscan, "TRAILER_BYTES", 0)
 
 
-@plants("recovery", AssertionError, "a bad payload loaded")
+@plants("recovery", AssertionError, "a bad hit")
 def plant_recovery(patch: Patch) -> None:
     """The store skips verifying what it loads."""
     patch(Store, "_intact", lambda self, *args: True)

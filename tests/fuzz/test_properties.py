@@ -109,8 +109,12 @@ def test_property_long(target: str) -> None:
 
 # Each property can fail ------------------------------------------------------------------------
 
+# Each planted bug is found within a few hundred cases, but which cases a derandomized run draws
+# depends on what the process has loaded (hypothesis mines constants from loaded modules): the
+# walk bug took 91-753 cases over 15 seeds. 5,000 makes a miss vanishingly rare; a plant that
+# is found stops the run at once.
 PLANTED = settings(
-    max_examples=1000,
+    max_examples=5000,
     derandomize=True,
     database=None,
     deadline=None,
@@ -125,4 +129,4 @@ def test_property_catches_a_planted_bug(target: str, monkeypatch: pytest.MonkeyP
     plant = PLANTS[target]
     plant.apply(monkeypatch.setattr)
     with pytest.raises(plant.caught_as, match=plant.match):
-        run_property(target, PLANTED, bound_s=0.5)
+        run_property(target, PLANTED, bound_s=2.0)
