@@ -170,9 +170,13 @@ class LMCacheServer(Process):
         tag: str = "",
         bin_dir: Path = BIN,
         l1_size_gb: int = 1,
+        shm_name: str | None = None,
     ) -> None:
+        """``shm_name`` puts L1 in the shared-memory segment /dev/shm/NAME (``--shm-name``),
+        which the plugin's zero-copy path uses; without it L1 is private memory."""
         super().__init__("lmcache server", workdir / f"lmcache-server{tag}.log")
         self.l1_size_gb = l1_size_gb
+        self.shm_name = shm_name
         self.port = free_port()
         self.http_port = free_port()
         self.l2_adapter_json = l2_adapter_json
@@ -189,11 +193,15 @@ class LMCacheServer(Process):
             "--supported-transfer-mode": "auto",
             "--l2-adapter": self.l2_adapter_json,
         }
+        if self.shm_name is not None:
+            flags["--shm-name"] = self.shm_name
         # The plugin is imported from this checkout, whichever venv runs the server.
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         argv = [str(self.bin_dir / "lmcache"), "server"]
         for flag, value in flags.items():
             argv += [flag, value]
+        if self.shm_name is not None:
+            argv.append("--no-l1-use-lazy")  # LMCache refuses shared memory with lazy L1
         self.spawn(argv, env=env)
         wait_until(lambda: self.healthy() or not self.alive, 120, "lmcache server health")
         assert self.alive, f"lmcache server exited:\n{self.log()[-4000:]}"
