@@ -29,9 +29,10 @@ from gateway.backends.regionscan import (
     walk,
     write_footer,
 )
+from gateway.checksum import checksum
 from gateway.errors import StartupError
 from gateway.footer import row_of
-from gateway.format import HEADER_BYTES, Kind, RecordHeader, checksum, unpack_superblock
+from gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
 from gateway.ring.layout import PAGE_BYTES, align_up
 from gateway.units import format_size
 

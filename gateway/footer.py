@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from gateway.format import HEADER_BYTES, RecordHeader, checksum
+from gateway.checksum import checksum
+from gateway.format import HEADER_BYTES, RecordHeader
 
 TRAILER_MAGIC = b"ADPFOOT1"
 FOOTER_VERSION = 1

@@ -19,6 +19,7 @@ from enum import IntEnum
 
 import xxhash
 
+from gateway.checksum import checksum
 from gateway.ring.layout import PAGE_BYTES, align_up
 
 RECORD_MAGIC = b"ADPFRAG1"
@@ -34,10 +35,6 @@ class Kind(IntEnum):
     DATA = 1
     TOMBSTONE = 2
     REGION = 3  # header-only first record of every filling of a region: gives its epoch
-
-
-def checksum(data: bytes | memoryview, seed: int = 0) -> int:
-    return int(xxhash.xxh3_64_intdigest(data, seed))
 
 
 def key_hash(tenant: str, key: str) -> int:

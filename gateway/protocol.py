@@ -3,8 +3,10 @@
 The handshake runs over the gateway's Unix socket as length-prefixed msgpack maps. The gateway
 answers a ``Hello`` with a ``Welcome`` and three fds by SCM_RIGHTS: the memfd holding the rings,
 arenas and transfer window (gateway/ring/layout.py), the client's submit doorbell and its
-completion doorbell (eventfds). After that the socket carries nothing; it stays open so each side
-sees the other die (EOF).
+completion doorbell (eventfds). A client whose L1 lies in a shared-memory segment sends that
+segment's fd with its hello (``l1_bytes`` says its size); ``Welcome.l1_attached`` says whether the
+gateway took it for zero-copy ops. After that the socket carries nothing; it stays open so each
+side sees the other die (EOF).
 
 Everything here parses untrusted bytes: any malformed input raises ``ProtocolError``.
 """
@@ -23,7 +25,7 @@ import msgpack
 
 from gateway.errors import HandshakeRefused, ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
@@ -52,6 +54,7 @@ class Hello:
     token: str | None = None
     client: str = ""
     protocol: int = PROTOCOL_VERSION
+    l1_bytes: int = 0  # the size of the L1 segment whose fd comes with the hello; 0: none
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class Welcome:
     arena_bytes: int
     window_bytes: int
     object_bytes_max: int
+    fragment_bytes: int = 0  # zero-copy stores carry one checksum per fragment of this size
+    l1_attached: int = 0  # 1 when the gateway mapped the client's L1 segment
 
 
 def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -127,7 +132,10 @@ def parse_hello(body: dict[str, Any]) -> Hello:
         raise ProtocolError("token must be a string")
     if not isinstance(client, str):
         raise ProtocolError("client must be a string")
-    return Hello(tenant=tenant, token=token, client=client[:256])
+    l1_bytes = body.get("l1_bytes", 0)
+    if type(l1_bytes) is not int or l1_bytes < 0:
+        raise ProtocolError("l1_bytes must be an integer >= 0")
+    return Hello(tenant=tenant, token=token, client=client[:256], l1_bytes=l1_bytes)
 
 
 def hello_body(hello: Hello) -> dict[str, Any]:
@@ -136,6 +144,7 @@ def hello_body(hello: Hello) -> dict[str, Any]:
         "tenant": hello.tenant,
         "token": hello.token,
         "client": hello.client,
+        "l1_bytes": hello.l1_bytes,
     }
 
 

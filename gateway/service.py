@@ -25,7 +25,8 @@ from gateway.backends.filedevice import FileDevice
 from gateway.backends.groupsync import PeriodicSync
 from gateway.backends.regionlog import Pools, RegionLog
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, StartupError
+from gateway.errors import GatewayError, ProtocolError, StartupError
+from gateway.l1 import L1Segment
 from gateway.protocol import (
     Hello,
     parse_hello,
@@ -163,12 +164,14 @@ class Gateway:
 
     def _handshake(self, conn: socket.socket) -> None:
         peer = _peer(conn)
+        received: list[int] = []  # the client's L1 segment, if it sent one
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
-            body, _ = recv_frame(conn)
+            body, received = recv_frame(conn, fds_max=1)
             hello = parse_hello(body)
             self.tenants.admit(hello, peer)
-            session = self._new_session(conn, hello, str(peer))
+            l1 = _map_l1(hello, received, peer)
+            session = self._new_session(conn, hello, str(peer), l1)
             welcome, fds = session.welcome(self.config.session_window_size)
             send_frame(conn, welcome_body(welcome), fds)
             conn.settimeout(None)
@@ -178,10 +181,15 @@ class Gateway:
                 send_frame(conn, {"ok": False, "error": str(exc)})
             conn.close()
             return
-        log.info("%s connected", session.name)
+        finally:
+            for fd in received:
+                os.close(fd)
+        log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
         session.run()
 
-    def _new_session(self, conn: socket.socket, hello: Hello, peer: str) -> Session:
+    def _new_session(
+        self, conn: socket.socket, hello: Hello, peer: str, l1: L1Segment | None
+    ) -> Session:
         layout = RingLayout(
             self.config.session_slots,
             self.config.session_arena_size,
@@ -196,6 +204,7 @@ class Gateway:
             self.store,
             self.scheduler,
             self._forget,
+            l1,
         )
         with self._lock:
             self._sessions[session.session_id] = session
@@ -204,6 +213,18 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+
+
+def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:
+    """The client's L1 segment for zero-copy ops; None (the copy path) when it sent none or
+    one that does not map, which is logged."""
+    if not hello.l1_bytes or len(fds) != 1:
+        return None
+    try:
+        return L1Segment(fds[0], hello.l1_bytes)
+    except ProtocolError as exc:
+        log.warning("client %s: %s; its ops use the copy path", peer, exc)
+        return None
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:

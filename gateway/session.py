@@ -8,6 +8,10 @@ Threads: ``run`` (the session's own thread) reads submissions and answers EXISTS
 the I/O threads run its loads, stores and deletes and call ``complete``. The mapping stays alive
 until the last I/O thread has released its views of it, so a dead client never pulls memory out
 from under an in-flight read or write.
+
+Zero-copy ops (``FLAG_L1``) touch the client's L1 pages only inside ``_touching_l1``: the slot's
+fence word names the op from before the start-lease check until the I/O is over, and the session
+closes its socket only once no op is inside (docs/design.md, "The zero-copy fence").
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from gateway.errors import ProtocolError, StorageError
+from gateway.l1 import L1Segment
 from gateway.protocol import KEYS_PER_REQUEST_MAX, Op, Status, Welcome, decode_keys
 from gateway.ring.layout import (
+    FLAG_L1,
     PAGE_BYTES,
     Completion,
     RingLayout,
@@ -39,6 +46,12 @@ from gateway.units import format_size
 
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
+# A zero-copy op may start touching L1 only this long before its deadline; the plugin decides
+# at the deadline itself, so a fence word written before the check is long visible by then.
+L1_START_MARGIN_NS = 50_000_000
+_CHECKSUM_BYTES = 8
+# What an I/O task reports: status, per-key result bytes in the arena, the object's length.
+_Outcome = tuple[Status, int, int]
 
 
 class Session:
@@ -52,6 +65,7 @@ class Session:
         store: Store,
         scheduler: Scheduler,
         on_close: Callable[[Session], None],
+        l1: L1Segment | None = None,
     ) -> None:
         self.session_id = session_id
         self.tenant = tenant
@@ -64,6 +78,11 @@ class Session:
         self._memfd, mapping = create_shared(layout)
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
+        self._fences = layout.fences(self._memory)
+        self._l1 = l1
+        self._l1_busy = 0  # ops inside _touching_l1; under _idle
+        self._l1_closed = False  # no op enters _touching_l1 any more; under _idle
+        self._idle = threading.Condition()
         self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._completed = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._submissions = submission_consumer(self._memory, layout)
@@ -81,6 +100,8 @@ class Session:
             self._layout.arena_bytes,
             self._layout.window_bytes,
             object_bytes_max,
+            self._store.fragment_bytes,
+            int(self._l1 is not None),
         )
         return welcome, [self._memfd, self._submitted, self._completed]
 
@@ -110,6 +131,9 @@ class Session:
                 return
             self._closed = True
         self._scheduler.drop_session(self.session_id)
+        with self._idle:  # the client may reuse its L1 buffers once it sees the socket close
+            self._l1_closed = True
+            self._idle.wait_for(lambda: self._l1_busy == 0)
         self._sock.close()
         os.close(self._submitted)
         with self._lock:
@@ -168,14 +192,12 @@ class Session:
         elif op == Op.EXISTS:
             found = self._store.exists(self.tenant, keys)
             self._count(keys_looked_up=len(keys), keys_found=sum(found))
-            self._finish_with_results(submission, arena, found)
+            self.complete(submission, *_results(arena, found))
         elif op == Op.DELETE:
             self._queue(
                 submission,
                 0,
-                lambda: self._finish_with_results(
-                    submission, arena, self._store.delete(self.tenant, keys)
-                ),
+                lambda: _results(arena, self._store.delete(self.tenant, keys)),
                 self._store.databases_holding(self.tenant, keys),
             )
         else:
@@ -184,6 +206,10 @@ class Session:
     def _check(self, submission: Submission) -> Op:
         if submission.op not in Op.__members__.values():
             raise ProtocolError(f"unknown op code {submission.op}")
+        if submission.flags & ~FLAG_L1 or (
+            submission.flags and submission.op not in (Op.GET, Op.SET)
+        ):
+            raise ProtocolError(f"flags {submission.flags:#x} are not valid for op {submission.op}")
         if submission.slot >= self._layout.slots:
             raise ProtocolError(f"slot {submission.slot} is out of range")
         if submission.request_bytes > self._layout.arena_bytes:
@@ -199,50 +225,92 @@ class Session:
     ) -> None:
         if len(keys) != 1:
             raise ProtocolError(f"a {op.name} carries one key, got {len(keys)}")
-        start, end = (
-            submission.data_offset,
-            submission.data_offset + align_up(submission.data_bytes),
-        )
+        key, length = keys[0], submission.data_bytes
+        zero_copy = bool(submission.flags & FLAG_L1)
+        extent = self._l1_pages(submission) if zero_copy else self._window_extent(submission)
+        checksums_at = self._checksums_at(submission) if zero_copy else 0
+
+        def load() -> _Outcome:
+            if zero_copy:  # the plugin verifies the payload against these checksums
+                checksums = self._store.get_unverified(self.tenant, key, extent, length)
+                found, result_bytes = checksums is not None, 0
+                if checksums is not None:
+                    result_bytes = _CHECKSUM_BYTES * len(checksums)
+                    struct.pack_into(f"<{len(checksums)}Q", arena, 0, *checksums)
+            else:
+                found, result_bytes = self._store.get(self.tenant, key, extent, length), 0
+            self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
+            return (Status.OK if found else Status.MISS), result_bytes, length
+
+        if op == Op.GET:
+            databases = self._store.databases_holding(self.tenant, keys)
+            self._queue(submission, length, load, databases, touches_l1=zero_copy)
+            return
+        checksums = None
+        if zero_copy:  # read now: the arena is the client's to scribble on
+            count = self._fragments(length)
+            checksums = list(struct.unpack_from(f"<{count}Q", arena, checksums_at))
+
+        def store() -> _Outcome:
+            self._store.put(self.tenant, key, extent, length, checksums)
+            self._count(stores=1, bytes_stored=length)
+            return Status.OK, 0, 0
+
+        databases = self._store.databases_to_store(self.tenant, key, length)
+        self._queue(submission, length, store, databases, touches_l1=zero_copy)
+
+    def _window_extent(self, submission: Submission) -> memoryview:
+        start = submission.data_offset
+        end = start + align_up(submission.data_bytes)
         if start % PAGE_BYTES or end > self._layout.window_bytes:
             raise ProtocolError(
                 f"window range [{start}, {end}) is unaligned or outside the "
                 f"{self._layout.window_bytes}-byte window"
             )
-        extent = self._window[start:end]
-        key, length = keys[0], submission.data_bytes
+        return self._window[start:end]
 
-        def load() -> None:
-            found = self._store.get(self.tenant, key, extent, length)
-            self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
-            self.complete(submission, Status.OK if found else Status.MISS, data_bytes=length)
+    def _l1_pages(self, submission: Submission) -> memoryview:
+        if self._l1 is None:
+            raise ProtocolError("a zero-copy op on a session without an L1 segment")
+        if submission.data_bytes > self._layout.window_bytes:
+            raise ProtocolError(
+                f"an object of {submission.data_bytes} bytes exceeds the session's "
+                f"{self._layout.window_bytes}-byte object limit"
+            )
+        self._count(zero_copy=1)
+        return self._l1.pages(submission.data_offset, submission.data_bytes)
 
-        def store() -> None:
-            self._store.put(self.tenant, key, extent, length)
-            self._count(stores=1, bytes_stored=length)
-            self.complete(submission, Status.OK)
+    def _fragments(self, object_bytes: int) -> int:
+        return self._store.fragment_count(object_bytes)
 
-        if op == Op.GET:
-            self._queue(submission, length, load, self._store.databases_holding(self.tenant, keys))
-        else:
-            databases = self._store.databases_to_store(self.tenant, key, length)
-            self._queue(submission, length, store, databases)
+    def _checksums_at(self, submission: Submission) -> int:
+        """Where a zero-copy op's checksums lie in its arena: after a store's keys, at the
+        start for a load's answer. Raises ProtocolError when they would not fit."""
+        at = align_up(submission.request_bytes, _CHECKSUM_BYTES) if submission.op == Op.SET else 0
+        if at + self._fragments(submission.data_bytes) * _CHECKSUM_BYTES > self._layout.arena_bytes:
+            raise ProtocolError(
+                f"the checksums of a {submission.data_bytes}-byte object do not fit the arena"
+            )
+        return at
 
     def _queue(
         self,
         submission: Submission,
         data_bytes: int,
-        work: Callable[[], None],
+        work: Callable[[], _Outcome],
         databases: frozenset[int],
+        touches_l1: bool = False,
     ) -> None:
         def run() -> None:
             if time.monotonic_ns() > submission.deadline_ns:
                 self.complete(submission, Status.EXPIRED)
                 return
-            try:
-                work()
-            except StorageError as exc:
-                log.error("%s: op %d failed: %s", self.name, submission.op_id, exc)
-                self.complete(submission, Status.FAILED)
+            if not touches_l1:
+                self.complete(submission, *self._attempt(submission, work))
+                return
+            with self._touching_l1(submission) as allowed:
+                outcome = self._attempt(submission, work) if allowed else (Status.EXPIRED, 0, 0)
+            self.complete(submission, *outcome)  # after the fence is down
 
         task = Task(
             _PRIORITY[Op(submission.op)],
@@ -256,11 +324,38 @@ class Session:
         if not self._scheduler.submit(task):
             self.complete(submission, Status.REJECTED)
 
-    def _finish_with_results(
-        self, submission: Submission, arena: memoryview, results: list[bool]
-    ) -> None:
-        arena[: len(results)] = bytes(results)
-        self.complete(submission, Status.OK, result_bytes=len(results))
+    def _attempt(self, submission: Submission, work: Callable[[], _Outcome]) -> _Outcome:
+        try:
+            return work()
+        except StorageError as exc:
+            log.error("%s: op %d failed: %s", self.name, submission.op_id, exc)
+            return Status.FAILED, 0, 0
+
+    @contextlib.contextmanager
+    def _touching_l1(self, submission: Submission) -> Iterator[bool]:
+        """Raise the slot's fence, then yield whether the op may still start: its start lease
+        runs out ``L1_START_MARGIN_NS`` before its deadline, and no op starts once the session
+        is closing. Lower the fence after."""
+        with self._idle:
+            closing = self._l1_closed  # then the socket may be closed: the client let go of L1
+            self._l1_busy += not closing
+        if closing:
+            yield False
+            return
+        self._fences[submission.slot] = max(submission.op_id, 1)
+        try:
+            yield time.monotonic_ns() < submission.deadline_ns - L1_START_MARGIN_NS
+        finally:
+            self._fences[submission.slot] = 0
+            with self._idle:
+                self._l1_busy -= 1
+                self._idle.notify_all()
+
+
+def _results(arena: memoryview, results: list[bool]) -> _Outcome:
+    """Per-key results written to the slot's arena, as an OK outcome."""
+    arena[: len(results)] = bytes(results)
+    return Status.OK, len(results), 0
 
 
 def _describe(counts: dict[str, int]) -> str:
@@ -269,7 +364,8 @@ def _describe(counts: dict[str, int]) -> str:
         f"{counts.get('loads', 0)} loads ({counts.get('load_hits', 0)} hits, "
         f"{format_size(counts.get('bytes_loaded', 0))}), {counts.get('stores', 0)} stores "
         f"({format_size(counts.get('bytes_stored', 0))}), {counts.get('keys_looked_up', 0)} keys "
-        f"looked up ({counts.get('keys_found', 0)} found)"
+        f"looked up ({counts.get('keys_found', 0)} found), {counts.get('zero_copy', 0)} "
+        "of the loads and stores zero-copy"
     )
 
 

@@ -29,8 +29,9 @@ from typing import TypeVar
 
 from gateway import fragmenter
 from gateway.backends.regionlog import Location, RegionLog
+from gateway.checksum import checksum
 from gateway.errors import StorageError
-from gateway.format import HEADER_BYTES, Kind, RecordHeader, checksum, key_hash
+from gateway.format import HEADER_BYTES, Kind, RecordHeader, key_hash
 from gateway.index import Index, Manifest, ObjectId
 from gateway.ring.layout import PAGE_BYTES, align_up
 from gateway.tombstones import Tombstones
@@ -102,8 +103,20 @@ class Store:
     def exists(self, tenant: str, keys: list[str]) -> list[bool]:
         return self.index.contains(tenant, keys)
 
-    def put(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> None:
+    def put(
+        self,
+        tenant: str,
+        key: str,
+        extent: memoryview,
+        object_bytes: int,
+        checksums: list[int] | None = None,
+    ) -> None:
         """Persist ``extent[:object_bytes]``; ``extent`` is page aligned and padded to 4 KiB.
+
+        ``checksums`` (one per fragment, from ``fragment_count``) are the payload checksums the
+        client computed for a zero-copy store: then ``extent`` is the client's L1, which the
+        gateway only hands to the kernel (never reads or pads). A store whose bytes changed
+        under the write is caught by those checksums at its first load.
 
         An object already stored with the same length is not written again: keys name content
         (LMCache's chunk hashes), so the bytes are the same.
@@ -117,7 +130,8 @@ class Store:
             # Another length: the old version must never come back, so its tombstone is synced
             # with the new version.
             synced.add(existing.locations[0].database)
-        extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
+        if checksums is None:
+            extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
         seq = self._next_seq()
         plan = fragmenter.plan(
             object_bytes, self._fragment_bytes_max, self._log.databases, key_hash(tenant, key)
@@ -140,7 +154,7 @@ class Store:
                     fragment.length,
                     fragment.number,
                     len(plan),
-                    checksum(payload),
+                    checksum(payload) if checksums is None else checksums[fragment.number],
                 )
                 padded = extent[fragment.offset : fragment.offset + align_up(fragment.length)]
                 records.append((header, padded))
@@ -159,8 +173,35 @@ class Store:
         self._publish((tenant, key), manifest)
         self._counts["stores"] += 1
 
+    @property
+    def fragment_bytes(self) -> int:
+        return self._fragment_bytes_max
+
+    def fragment_count(self, object_bytes: int) -> int:
+        """How many fragments (and checksums) an object of ``object_bytes`` is stored as."""
+        return max(1, -(-object_bytes // self._fragment_bytes_max))
+
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
         """Read the object into ``extent``; True only when every byte was verified."""
+        return self._load(tenant, key, extent, object_bytes, None)
+
+    def get_unverified(
+        self, tenant: str, key: str, extent: memoryview, object_bytes: int
+    ) -> list[int] | None:
+        """A zero-copy load: read the object into ``extent`` (the client's L1), check every
+        fragment's header, and return the payload checksums the client must verify before it
+        reports the load; None for a miss. The gateway never reads L1 itself."""
+        checksums: list[int] = []
+        return checksums if self._load(tenant, key, extent, object_bytes, checksums) else None
+
+    def _load(
+        self,
+        tenant: str,
+        key: str,
+        extent: memoryview,
+        object_bytes: int,
+        checksums: list[int] | None,
+    ) -> bool:
         self._counts["loads"] += 1
         manifest = self.index.get((tenant, key))
         if manifest is None or manifest.object_bytes != object_bytes:
@@ -176,7 +217,7 @@ class Store:
             self._counts["load_misses"] += 1  # evicted since it was looked up: a plain miss
             return False
         for index, header in enumerate(headers):
-            if not self._intact((tenant, key), manifest, index, header, extent):
+            if not self._intact((tenant, key), manifest, index, header, extent, checksums):
                 self._counts["verify_failures"] += 1
                 self._counts["load_misses"] += 1
                 self._drop((tenant, key), manifest)
@@ -343,8 +384,10 @@ class Store:
         index: int,
         header: RecordHeader | None,
         extent: memoryview,
+        checksums: list[int] | None,
     ) -> bool:
-        """Whether fragment ``index``, read into ``extent``, is what the index says."""
+        """Whether fragment ``index``, read into ``extent``, is what the index says. With
+        ``checksums`` its payload is the client's to verify: its checksum is appended there."""
         offset = index * manifest.fragment_bytes
         length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
         expected = (Kind.DATA, object_id[0], object_id[1], manifest.seq, index, offset, length)
@@ -364,6 +407,9 @@ class Store:
                 manifest.locations[index],
             )
             return False
+        if checksums is not None:
+            checksums.append(header.payload_checksum)
+            return True
         if checksum(extent[offset : offset + length]) != header.payload_checksum:
             log.warning(
                 "%s/%s: fragment %d failed its checksum; reporting a miss", *object_id, index

@@ -42,6 +42,20 @@ class ADPParams:
             "help": "pause between attempts to reach a gateway that is down",
         },
     )
+    zero_copy: bool = field(
+        default=True,
+        metadata={
+            "help": "when LMCache's L1 is shared memory (lmcache server --shm-name), move "
+            "objects between the disk and L1 without copies"
+        },
+    )
+    copy_threads: int = field(
+        default=4,
+        metadata={
+            "minimum": 1,
+            "help": "threads that copy one large object between L1 and the transfer window",
+        },
+    )
     pending_ops_max: int = field(
         default=65536,
         metadata={

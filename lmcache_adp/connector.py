@@ -5,10 +5,17 @@ Contract with LMCache (shared/reference/lmcache-native-plugin.md, section 1):
 - ``submit_batch_*`` run under LMCache's adapter lock: they only enqueue and return a future id.
 - Every future completes exactly once, as ``(future_id, ok, error, per_key_bools)`` with one bool
   per key, within ``op_timeout_s`` whatever the gateway does (alive, dead, hung, restarting).
-- Buffers (L1 memory) are touched only by this plugin's I/O thread and only until their future
-  is reported: a store's bytes are copied into the transfer window when it is submitted to the
-  gateway, a load's bytes are copied out of the window when the gateway has verified them. An
-  expired future is reported first and its late gateway completion then only frees the window.
+- Buffers (L1 memory) are touched only until their future is reported (invariant 4). On the
+  copy path only this plugin's I/O thread touches them: a store's bytes are copied into the
+  transfer window when it is submitted to the gateway, a load's bytes are copied out of the
+  window when the gateway has verified them. An expired future is reported first and its late
+  gateway completion then only frees the window.
+- Zero-copy: when L1 is LMCache's shared-memory segment (``lmcache server --shm-name``), the
+  gateway moves a buffer's bytes between the disk and L1 itself, and the plugin computes (store)
+  or verifies (load) the payload checksums. Such an op is reported at its deadline only when its
+  slot's fence shows the gateway is not inside it, and the gateway starts no op within
+  ``L1_START_MARGIN_NS`` of its deadline; so an op the gateway is moving when its deadline
+  passes is reported when that move ends (docs/design.md, "The zero-copy fence").
 - When the gateway is down, every op completes at once as a failure or a miss, and a background
   thread keeps trying to connect; LMCache keeps serving from L1 meanwhile.
 """
@@ -20,19 +27,22 @@ import itertools
 import logging
 import os
 import select
+import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from gateway.checksum import checksum
 from gateway.errors import GatewayError, HandshakeRefused
 from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Hello, Op, Status, encode_keys
-from gateway.ring.layout import Completion
+from gateway.ring.layout import PAGE_BYTES, Completion, align_up
 from gateway.tenants import read_token
-from lmcache_adp import config
+from lmcache_adp import config, l1
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.link import GatewayLink, Request
 
@@ -43,6 +53,8 @@ HANDSHAKE_TIMEOUT_S = 2.0
 RUN_BYTES_MAX = 64 * 2**10 - 16
 _KEY_OVERHEAD_BYTES = 5  # msgpack's str header
 IDLE_POLL_MS = 200
+FENCE_POLL_MS = 5  # how often an op past its deadline checks whether the gateway let go of L1
+COPY_SLICE_BYTES_MIN = 8 * 2**20  # a copy is split over threads in slices of at least this
 
 
 @dataclass
@@ -56,6 +68,8 @@ class _Batch:
     remaining: int = 0
     failed: bool = False
     done: bool = False
+    internal: bool = False  # the plugin's own op, never reported to LMCache
+    waiting: bool = False  # past its deadline, while the gateway still moves one of its buffers
 
 
 @dataclass
@@ -167,8 +181,11 @@ class ADPConnector:
 
     def _try_connect(self) -> bool:
         """One handshake; on success the I/O thread picks the link up at its next step."""
+        segment = l1.find() if self._params.zero_copy else None
         try:
-            link = GatewayLink.connect(self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S)
+            link = GatewayLink.connect(
+                self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S, segment
+            )
         except HandshakeRefused as exc:
             if str(exc) != self._refusal:
                 self._refusal = str(exc)
@@ -185,9 +202,10 @@ class ADPConnector:
             return False
         self._refusal = ""
         log.info(
-            "connected to the gateway at %s (session %d)",
+            "connected to the gateway at %s (session %d, %s)",
             self._params.socket_path,
             link.welcome.session_id,
+            "zero-copy to L1" if link.l1 is not None else "copy path",
         )
         self._shared.want_link.clear()
         self._shared.new_links.append(link)
@@ -196,13 +214,18 @@ class ADPConnector:
 
 
 class _IOLoop:
-    """The plugin's one I/O thread: it alone touches the link, the window and L1 buffers."""
+    """The plugin's one I/O thread: it alone touches the link, the window and L1 buffers
+    (with the gateway, for zero-copy ops, under their fences)."""
 
     def __init__(self, shared: _Shared) -> None:
         self._shared = shared
         self._link: GatewayLink | None = None
         self._pending: deque[Request] = deque()
         self._active: dict[int, _Batch] = {}
+        # Links we dropped while the gateway was alive, with the zero-copy requests it may
+        # still be moving: they are settled when the gateway closes its end.
+        self._draining: list[tuple[GatewayLink, list[Request]]] = []
+        self._copier = _Copier(shared.params.copy_threads)
 
     def run(self) -> None:
         while not self._shared.stopping.is_set():
@@ -218,9 +241,21 @@ class _IOLoop:
         self._fail_everything("the plugin is closing")
 
     def shutdown(self) -> None:
+        """After ``run``: wait (up to one op timeout) for the gateway to let go of our L1,
+        then report what is left and close every link."""
+        deadline = time.monotonic() + self._shared.params.op_timeout_s
+        while self._draining and time.monotonic() < deadline:
+            self._release_drained()
+            time.sleep(FENCE_POLL_MS / 1000)
+        for link, held in self._draining:
+            for request in held:
+                self._settle(request, Status.FAILED)
+            link.close()
+        self._draining.clear()
         if self._link is not None:
             self._link.close()
             self._link = None
+        self._copier.close()
 
     def _wait(self) -> None:
         poller = select.poll()
@@ -228,15 +263,21 @@ class _IOLoop:
         if self._link is not None:
             poller.register(self._link.complete_fd, select.POLLIN)
             poller.register(self._link.sock_fd, select.POLLIN)
+        for link, _ in self._draining:
+            poller.register(link.sock_fd, select.POLLIN)
         poller.poll(self._timeout_ms())
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._shared.wake)
 
     def _timeout_ms(self) -> int:
-        if not self._active:
-            return IDLE_POLL_MS
-        soonest = min(b.deadline_ns for b in self._active.values())
-        return max(0, min(IDLE_POLL_MS, (soonest - time.monotonic_ns()) // 1_000_000 + 1))
+        timeout = IDLE_POLL_MS
+        if any(b.waiting for b in self._active.values()):
+            timeout = FENCE_POLL_MS
+        deadlines = [b.deadline_ns for b in self._active.values() if not b.waiting]
+        if deadlines:
+            until = (min(deadlines) - time.monotonic_ns()) // 1_000_000 + 1
+            timeout = max(0, min(timeout, until))
+        return timeout
 
     def _step(self) -> None:
         shared = self._shared
@@ -246,6 +287,7 @@ class _IOLoop:
         if self._link is not None and not self._link.alive():
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
+        self._release_drained()
         while shared.incoming:
             self._accept(shared.incoming.popleft())
         if self._link is not None:
@@ -287,15 +329,20 @@ class _IOLoop:
                 self._pending.popleft()
                 self._settle(request, Status.REJECTED)
                 continue
+            keys = encode_keys(request.keys)
+            request.l1_offset = _zero_copy_offset(link, request, len(keys))
             if not link.try_reserve(request):
                 break
             self._pending.popleft()
+            checksums = b""
             if request.op == Op.SET:
                 assert batch.buffers is not None
-                _copy(link.extent(request), batch.buffers[request.first])
-            link.submit(
-                next(self._shared.op_ids), request, encode_keys(request.keys), batch.deadline_ns
-            )
+                buffer = batch.buffers[request.first]
+                if request.l1_offset is None:
+                    self._copier.copy(link.extent(request), buffer)
+                else:
+                    checksums = _pack(_checksums(buffer, link.welcome.fragment_bytes))
+            link.submit(next(self._shared.op_ids), request, keys, batch.deadline_ns, checksums)
             submitted = True
         if submitted:
             link.ring()
@@ -312,13 +359,34 @@ class _IOLoop:
         if not batch.done:
             if status == Status.OK and request.op == Op.GET:
                 assert batch.buffers is not None
-                _copy(batch.buffers[request.first], link.extent(request))
+                buffer = batch.buffers[request.first]
+                if request.l1_offset is None:
+                    self._copier.copy(buffer, link.extent(request))
+                elif not self._verified(link, request, completion, buffer):
+                    status = Status.MISS
             results = None
             if status == Status.OK and request.op in (Op.EXISTS, Op.DELETE):
                 count = min(completion.result_bytes, len(request.keys))
                 results = [b == 1 for b in bytes(link.arena(request)[:count])]
             self._settle(request, status, results)
         link.release(request)
+
+    def _verified(
+        self, link: GatewayLink, request: Request, completion: Completion, buffer: memoryview
+    ) -> bool:
+        """Whether a zero-copy load's bytes in L1 match the checksums the gateway read from
+        disk. A mismatch is a miss, and the object is deleted (invariant 1)."""
+        count = min(completion.result_bytes, link.welcome.arena_bytes) // 8
+        expected = list(struct.unpack_from(f"<{count}Q", link.arena(request)))
+        if expected == _checksums(buffer, link.welcome.fragment_bytes):
+            return True
+        log.warning("%s failed its checksum in L1; reporting a miss", request.keys[0])
+        deadline_ns = time.monotonic_ns() + int(self._shared.params.op_timeout_s * 1e9)
+        future_id = -next(self._shared.op_ids)  # never one of LMCache's
+        self._accept(
+            _Batch(future_id, Op.DELETE, request.keys, None, deadline_ns, [False], internal=True)
+        )
+        return False
 
     def _settle(self, request: Request, status: Status, results: list[bool] | None = None) -> None:
         """Record a request's outcome in its batch; report the batch when it is the last one."""
@@ -337,6 +405,8 @@ class _IOLoop:
     def _report(self, batch: _Batch) -> None:
         batch.done = True
         self._active.pop(batch.future_id, None)
+        if batch.internal:
+            return
         ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
         error = "" if ok else f"{batch.op.name} failed for some keys"
         self._shared.completions.push(batch.future_id, ok, error, batch.results)
@@ -344,6 +414,16 @@ class _IOLoop:
     def _expire(self) -> None:
         now = time.monotonic_ns()
         for batch in [b for b in self._active.values() if b.deadline_ns <= now]:
+            if self._touching(batch):
+                if not batch.waiting:
+                    batch.waiting = True
+                    log.warning(
+                        "%s of %d keys passed its deadline while the gateway moves its bytes "
+                        "to or from L1; it is reported when that ends",
+                        batch.op.name,
+                        len(batch.keys),
+                    )
+                continue
             log.warning(
                 "%s of %d keys timed out after %.1f s",
                 batch.op.name,
@@ -353,16 +433,46 @@ class _IOLoop:
             batch.failed = True
             self._report(batch)
 
+    def _touching(self, batch: _Batch) -> bool:
+        """Whether the gateway may still touch one of the batch's L1 buffers."""
+        link = self._link
+        if link is not None and any(
+            r.batch is batch and link.fenced(r) for r in link.inflight.values()
+        ):
+            return True
+        return any(r.batch is batch for _, held in self._draining for r in held)
+
     def _drop_link(self, reconnect: bool = True) -> None:
-        """Fail what is in flight on the current link and close it; by default ask for a new one."""
+        """Fail what is in flight on the current link and close it; by default ask for a new one.
+
+        A gateway that is still alive may be moving zero-copy requests: those are held until it
+        closes its end, which it does only once it no longer touches our L1."""
         link, self._link = self._link, None
         if link is None:
             return
+        alive = link.alive()
+        held = []
         for request in link.inflight.values():
-            self._settle(request, Status.FAILED)
-        link.close()
+            if alive and request.l1_offset is not None and not request.batch.done:
+                held.append(request)
+            else:
+                self._settle(request, Status.FAILED)
+        if held:
+            link.shutdown()
+            self._draining.append((link, held))
+        else:
+            link.close()
         if reconnect:
             self._shared.want_link.set()
+
+    def _release_drained(self) -> None:
+        for link, held in list(self._draining):
+            if link.alive():
+                continue
+            self._draining.remove((link, held))
+            for request in held:
+                self._settle(request, Status.FAILED)
+            link.close()
 
     def _fail_everything(self, why: str) -> None:
         self._drop_link()
@@ -370,9 +480,68 @@ class _IOLoop:
             self._settle(request, Status.FAILED)
         self._pending.clear()
         for batch in list(self._active.values()):
+            if self._touching(batch):
+                continue  # reported when the gateway lets go of its buffers
             log.debug("%s: failing future %d", why, batch.future_id)
             batch.failed = True
             self._report(batch)
+
+
+class _Copier:
+    """Copies between L1 and the transfer window: one memcpy, or for a large object slices on
+    several threads at once (numpy releases the GIL while it copies)."""
+
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(threads - 1, "adp-copy") if threads > 1 else None
+
+    def copy(self, destination: memoryview, source: memoryview) -> None:
+        parts = min(self._threads, source.nbytes // COPY_SLICE_BYTES_MIN)
+        if self._pool is None or parts <= 1:
+            _copy(destination, source)
+            return
+        step = align_up(-(-source.nbytes // parts), PAGE_BYTES)
+        futures = [
+            self._pool.submit(_copy, destination[at : at + step], source[at : at + step])
+            for at in range(step, source.nbytes, step)
+        ]
+        _copy(destination[:step], source[:step])
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def _zero_copy_offset(link: GatewayLink, request: Request, keys_bytes: int) -> int | None:
+    """The L1 offset of the request's buffer when it can go zero-copy on this link, else None.
+
+    A load must fill whole pages (O_DIRECT writes them whole), and the checksums must fit the
+    slot's arena."""
+    segment, fragment_bytes = link.l1, link.welcome.fragment_bytes
+    buffers = request.batch.buffers
+    if segment is None or not fragment_bytes or buffers is None:
+        return None
+    buffer = buffers[request.first]
+    if request.op == Op.GET and buffer.nbytes % PAGE_BYTES:
+        return None
+    fragments = -(-buffer.nbytes // fragment_bytes)
+    if align_up(keys_bytes, 8) + 8 * fragments > link.welcome.arena_bytes:
+        return None
+    return segment.offset_of(buffer)
+
+
+def _checksums(buffer: memoryview, fragment_bytes: int) -> list[int]:
+    """The payload checksum of each fragment the gateway stores ``buffer`` as."""
+    return [
+        checksum(buffer[at : at + fragment_bytes])
+        for at in range(0, max(buffer.nbytes, 1), fragment_bytes)
+    ]
+
+
+def _pack(words: list[int]) -> bytes:
+    return struct.pack(f"<{len(words)}Q", *words)
 
 
 def _split(batch: _Batch) -> Iterator[Request]:

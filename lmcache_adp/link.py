@@ -9,13 +9,21 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import ProtocolError
 from gateway.protocol import Hello, Op, Welcome, hello_body, parse_welcome, recv_frame, send_frame
-from gateway.ring.layout import Completion, RingLayout, Submission, map_shared
+from gateway.ring.layout import (
+    FLAG_L1,
+    Completion,
+    RingLayout,
+    Submission,
+    align_up,
+    map_shared,
+)
 from gateway.ring.queue import completion_consumer, submission_producer
+from lmcache_adp.l1 import L1Map
 from lmcache_adp.window import WindowAllocator
 
 
@@ -29,7 +37,8 @@ class Request:
     batch: Any  # the connector's batch this request belongs to
     data_bytes: int = 0
     slot: int = -1
-    data_offset: int = -1
+    data_offset: int = -1  # into the window; or into the L1 segment when l1_offset is set
+    l1_offset: int | None = None  # a zero-copy op: the buffer's offset in the L1 segment
 
 
 class GatewayLink:
@@ -54,17 +63,29 @@ class GatewayLink:
             if isinstance(exc, Exception) and not isinstance(exc, ProtocolError):
                 raise ProtocolError(f"the gateway's shared memory does not map: {exc}") from exc
             raise
+        self.fences = self.layout.fences(self.memory)
+        self.l1: L1Map | None = None  # set by connect when the gateway took our L1 segment
         self._free_slots = list(range(welcome.slots - 1, -1, -1))
         self.allocator = WindowAllocator(welcome.window_bytes)
         self.inflight: dict[int, Request] = {}  # op_id -> request
 
     @classmethod
-    def connect(cls, path: str, hello: Hello, timeout_s: float) -> GatewayLink:
+    def connect(
+        cls, path: str, hello: Hello, timeout_s: float, l1: L1Map | None = None
+    ) -> GatewayLink:
+        """Handshake; with ``l1``, offer the gateway our L1 segment for zero-copy ops."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout_s)
             sock.connect(path)
-            send_frame(sock, hello_body(hello))
+            if l1 is None:
+                send_frame(sock, hello_body(hello))
+            else:
+                segment = l1.open()
+                try:
+                    send_frame(sock, hello_body(replace(hello, l1_bytes=l1.size)), [segment])
+                finally:
+                    os.close(segment)
             body, fds = recv_frame(sock, fds_max=3)
             try:
                 welcome = parse_welcome(body)
@@ -75,7 +96,9 @@ class GatewayLink:
                     os.close(fd)
                 raise
             sock.settimeout(None)
-            return cls(sock, welcome, fds)
+            link = cls(sock, welcome, fds)
+            link.l1 = l1 if welcome.l1_attached else None
+            return link
         except BaseException:
             sock.close()
             raise
@@ -97,7 +120,9 @@ class GatewayLink:
         """Take a slot (and a window extent for data ops); False when none is free."""
         if not self._free_slots:
             return False
-        if request.op in (Op.GET, Op.SET):
+        if request.l1_offset is not None:
+            request.data_offset = request.l1_offset
+        elif request.op in (Op.GET, Op.SET):
             offset = self.allocator.allocate(request.data_bytes)
             if offset is None:
                 return False
@@ -111,12 +136,24 @@ class GatewayLink:
     def arena(self, request: Request) -> memoryview:
         return self.layout.arena(self.memory, request.slot)
 
-    def submit(self, op_id: int, request: Request, payload: bytes, deadline_ns: int) -> None:
-        self.arena(request)[: len(payload)] = payload
+    def fenced(self, request: Request) -> bool:
+        """Whether the gateway may be touching this zero-copy request's L1 buffer now."""
+        return request.l1_offset is not None and self.fences[request.slot] != 0
+
+    def submit(
+        self, op_id: int, request: Request, payload: bytes, deadline_ns: int, extra: bytes = b""
+    ) -> None:
+        """Post ``request``: its keys (``payload``), then ``extra`` at the next 8-byte boundary
+        of its arena (a zero-copy store's checksums)."""
+        arena = self.arena(request)
+        arena[: len(payload)] = payload
+        if extra:
+            at = align_up(len(payload), 8)
+            arena[at : at + len(extra)] = extra
         entry = Submission(
             op_id,
             request.op,
-            0,
+            0 if request.l1_offset is None else FLAG_L1,
             0,
             request.slot,
             len(payload),
@@ -147,8 +184,13 @@ class GatewayLink:
     def release(self, request: Request) -> None:
         """Give back the request's slot and extent (only once the gateway is done with them)."""
         self._free_slots.append(request.slot)
-        if request.data_offset >= 0:
+        if request.data_offset >= 0 and request.l1_offset is None:
             self.allocator.release(request.data_offset, request.data_bytes)
+
+    def shutdown(self) -> None:
+        """Tell the gateway we are gone; it closes its end once it no longer touches our L1."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         self._sock.close()

@@ -39,8 +39,8 @@ def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
 def make_server(workdir: Path) -> Iterator[Callable[..., LMCacheServer]]:
     made: list[LMCacheServer] = []
 
-    def make(l2_adapter_json: str) -> LMCacheServer:
-        server = LMCacheServer(workdir, l2_adapter_json, tag=f"-{len(made)}")
+    def make(l2_adapter_json: str, shm_name: str | None = None) -> LMCacheServer:
+        server = LMCacheServer(workdir, l2_adapter_json, tag=f"-{len(made)}", shm_name=shm_name)
         made.append(server)
         return server
 

@@ -14,6 +14,7 @@ import mmap
 from collections.abc import Callable, Iterator
 
 from gateway.backends.base import Device
+from gateway.checksum import checksum
 from gateway.footer import (
     TRAILER_BYTES,
     FooterRow,
@@ -23,7 +24,7 @@ from gateway.footer import (
     unpack_footer,
     unpack_trailer,
 )
-from gateway.format import HEADER_BYTES, RECORD_MAGIC, RecordHeader, checksum, unpack_header
+from gateway.format import HEADER_BYTES, RECORD_MAGIC, RecordHeader, unpack_header
 from gateway.ring.layout import PAGE_BYTES, align_up
 
 READ_AHEAD_BYTES = 2**20

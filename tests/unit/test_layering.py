@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_MAY_USE = {
+    "gateway.checksum",  # zero-copy ops exchange payload checksums
     "gateway.protocol",
     "gateway.ring.layout",
     "gateway.ring.queue",
@@ -18,10 +19,10 @@ PLUGIN_MAY_USE = {
 }
 # A module may import only modules of a strictly lower layer.
 LAYERS = [
-    {"gateway.errors"},
+    {"gateway.errors", "gateway.checksum"},
     {"gateway.units"},
     {"gateway.fields", "gateway.ring.layout"},
-    {"gateway.ring.queue", "gateway.protocol", "gateway.format"},
+    {"gateway.ring.queue", "gateway.protocol", "gateway.format", "gateway.l1"},
     {
         "gateway.footer",
         "gateway.fragmenter",
