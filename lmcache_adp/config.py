@@ -56,6 +56,14 @@ class ADPParams:
             "help": "threads that copy one large object between L1 and the transfer window",
         },
     )
+    pending_store_bytes_max: int = field(
+        default=256 * 2**20,
+        metadata={
+            "minimum": 0,
+            "help": "bytes of stores waiting for room in the gateway's session; beyond it new "
+            "stores fail at once (LMCache keeps the chunks in L1) instead of holding its buffers",
+        },
+    )
     pending_ops_max: int = field(
         default=65536,
         metadata={

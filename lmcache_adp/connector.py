@@ -42,6 +42,7 @@ from gateway.errors import GatewayError, HandshakeRefused
 from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Hello, Op, Status, encode_keys
 from gateway.ring.layout import PAGE_BYTES, Completion, align_up
 from gateway.tenants import read_token
+from gateway.units import format_size
 from lmcache_adp import config, l1
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.link import GatewayLink, Request
@@ -222,6 +223,8 @@ class _IOLoop:
         self._link: GatewayLink | None = None
         self._pending: deque[Request] = deque()
         self._active: dict[int, _Batch] = {}
+        self._pending_store_bytes = 0  # of the SET requests in _pending
+        self._shedding = False  # stores are being failed for pending_store_bytes_max
         # Links we dropped while the gateway was alive, with the zero-copy requests it may
         # still be moving: they are settled when the gateway closes its end.
         self._draining: list[tuple[GatewayLink, list[Request]]] = []
@@ -301,7 +304,9 @@ class _IOLoop:
     def _accept(self, batch: _Batch) -> None:
         requests = list(_split(batch))
         self._active[batch.future_id] = batch
-        if len(self._pending) + len(requests) > self._shared.params.pending_ops_max:
+        params = self._shared.params
+        store_bytes = sum(r.data_bytes for r in requests) if batch.op == Op.SET else 0
+        if len(self._pending) + len(requests) > params.pending_ops_max:
             log.warning(
                 "%d ops are waiting for the gateway; failing a new %s of %d keys",
                 len(self._pending),
@@ -310,6 +315,23 @@ class _IOLoop:
             )
             batch.failed = True
             requests = []
+        elif (
+            store_bytes
+            and self._pending_store_bytes
+            and self._pending_store_bytes + store_bytes > params.pending_store_bytes_max
+        ):
+            # Shed the store now rather than hold LMCache's buffers until its deadline; LMCache
+            # keeps the chunks in L1. Logged once per burst, not per batch.
+            if not self._shedding:
+                log.warning(
+                    "stores are arriving faster than the gateway takes them; failing new ones "
+                    "while %s wait (pending_store_bytes_max)",
+                    format_size(self._pending_store_bytes),
+                )
+            self._shedding = True
+            batch.failed = True
+            requests = []
+        self._pending_store_bytes += store_bytes if requests else 0
         batch.remaining = len(requests)
         self._pending.extend(requests)
         if batch.remaining == 0:
@@ -323,17 +345,17 @@ class _IOLoop:
             request = self._pending[0]
             batch: _Batch = request.batch
             if batch.done:
-                self._pending.popleft()
+                self._pop_pending()
                 continue
             if request.data_bytes > link.welcome.object_bytes_max:
-                self._pending.popleft()
+                self._pop_pending()
                 self._settle(request, Status.REJECTED)
                 continue
             keys = encode_keys(request.keys)
             request.l1_offset = _zero_copy_offset(link, request, len(keys))
             if not link.try_reserve(request):
                 break
-            self._pending.popleft()
+            self._pop_pending()
             checksums = b""
             if request.op == Op.SET:
                 assert batch.buffers is not None
@@ -346,6 +368,13 @@ class _IOLoop:
             submitted = True
         if submitted:
             link.ring()
+
+    def _pop_pending(self) -> Request:
+        request = self._pending.popleft()
+        if request.op == Op.SET:
+            self._pending_store_bytes -= request.data_bytes
+            self._shedding = self._shedding and bool(self._pending_store_bytes)
+        return request
 
     def _finish(self, request: Request, completion: Completion) -> None:
         link = self._link
@@ -476,9 +505,8 @@ class _IOLoop:
 
     def _fail_everything(self, why: str) -> None:
         self._drop_link()
-        for request in self._pending:
-            self._settle(request, Status.FAILED)
-        self._pending.clear()
+        while self._pending:
+            self._settle(self._pop_pending(), Status.FAILED)
         for batch in list(self._active.values()):
             if self._touching(batch):
                 continue  # reported when the gateway lets go of its buffers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,6 +190,28 @@ def test_hung_gateway_ops_time_out_and_resume_after(
     out = [bytearray(2**20)]
     assert wait_for_future(connector, connector.submit_batch_get(["z"], views(out)))[3] == [True]
     assert out[0] == data[0]
+
+
+def test_stores_the_gateway_cannot_take_yet_are_shed_at_once_not_held(
+    workdir: Path, make_gateway: Callable[..., Gateway], connect: Callable[..., ADPConnector]
+) -> None:
+    (workdir / "gateway.yaml").write_text("session_window_size: 1MiB\n")
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    connector = connect(gateway, op_timeout_s=60.0, pending_store_bytes_max=2 * 2**20)
+    connected(connector)
+    data = objects(8, 2**20)
+    gateway.send_signal(signal.SIGSTOP)  # nothing drains: one store fills the window
+    try:
+        fids = [connector.submit_batch_set([f"k{i}"], views([d])) for i, d in enumerate(data)]
+        # Up to 2 MiB wait in the plugin (its bound), and one more if it reached the window
+        # first; the rest fail now, not in 60 s, so LMCache gets their buffers back at once.
+        time.sleep(1.0)
+        shed = {item[0]: item for item in connector.drain_completions()}
+        assert len(shed) >= 5 and all(item[1] is False for item in shed.values())
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+    kept = [wait_for_future(connector, fid, timeout_s=30) for fid in fids if fid not in shed]
+    assert [item[1] for item in kept] == [True] * (8 - len(shed))
 
 
 def test_delete_never_raises(gateway: Gateway, connect: Callable[..., ADPConnector]) -> None:
