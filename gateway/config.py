@@ -46,6 +46,7 @@ class GatewayConfig:
         default=512 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES}
     )
     store_backlog_max: int = field(default=2 * 2**30, metadata={"size": True})
+    store_inflight_max: int = field(default=64 * 2**20, metadata={"size": True})
     log_level: str = field(
         default="INFO", metadata={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")}
     )

@@ -7,6 +7,10 @@ starve another's. Admission control: while the bytes of queued stores exceed
 and LMCache keeps the chunk in L1) instead of holding LMCache's buffers for longer.
 EXISTS never comes here: the session answers it from the index.
 
+Write depth: stores running at once may hold at most ``store_inflight_max`` bytes (one store
+always may run). A load that arrives then finds free I/O threads and, at the disk, queues behind
+that much writing at most, instead of behind every store the I/O threads could hold.
+
 Stall containment: each task names the databases its I/O touches, and at most
 ``per_database_max`` running tasks may touch any one database. A database that stalls for
 seconds then holds only that many I/O threads; tasks for the other databases go ahead of the
@@ -48,9 +52,16 @@ class SchedulerStatistics:
 
 
 class Scheduler:
-    def __init__(self, store_backlog_bytes_max: int, per_database_max: int | None = None) -> None:
+    def __init__(
+        self,
+        store_backlog_bytes_max: int,
+        per_database_max: int | None = None,
+        store_inflight_bytes_max: int | None = None,
+    ) -> None:
         self._store_backlog_bytes_max = store_backlog_bytes_max
         self._per_database_max = per_database_max
+        self._store_inflight_bytes_max = store_inflight_bytes_max
+        self._store_running_bytes = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
@@ -85,6 +96,8 @@ class Scheduler:
         """``task`` (from ``next``) is done: its databases may take another."""
         with self._ready:
             self._running.subtract(task.databases)
+            if task.priority == Priority.STORE:
+                self._store_running_bytes -= task.data_bytes
             self._ready.notify_all()
 
     def drop_session(self, session_id: int) -> list[Task]:
@@ -126,14 +139,24 @@ class Scheduler:
                     queues[session_id] = queue  # to the back: the next session takes its turn
                 self._release([task])
                 self._running.update(task.databases)
+                if task.priority == Priority.STORE:
+                    self._store_running_bytes += task.data_bytes
                 return task
         return None
 
     def _may_start(self, task: Task, now: int) -> bool:
-        limit = self._per_database_max
-        if limit is None or now > task.deadline_ns:
+        if now > task.deadline_ns:
             return True
-        return all(self._running[d] < limit for d in task.databases)
+        depth = self._store_inflight_bytes_max
+        if (
+            task.priority == Priority.STORE
+            and depth is not None
+            and self._store_running_bytes
+            and self._store_running_bytes + task.data_bytes > depth
+        ):
+            return False
+        limit = self._per_database_max
+        return limit is None or all(self._running[d] < limit for d in task.databases)
 
     def _release(self, tasks: list[Task]) -> None:
         self._store_backlog_bytes -= sum(

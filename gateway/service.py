@@ -60,7 +60,11 @@ class Gateway:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
-        self.scheduler = Scheduler(self.config.store_backlog_max, _per_database_max(self.config))
+        self.scheduler = Scheduler(
+            self.config.store_backlog_max,
+            _per_database_max(self.config),
+            self.config.store_inflight_max,
+        )
         self.store = self._open_store()
         self._periodic_sync: PeriodicSync | None = None
         if self.config.sync == "periodic":

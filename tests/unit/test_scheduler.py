@@ -1,6 +1,7 @@
 """Goal: loads run before stores before deletes, sessions take turns, the store backlog is
 bounded by refusing new stores at once, and a stalled database holds at most its share of the
-I/O threads while tasks for other databases go ahead."""
+I/O threads while tasks for other databases go ahead, and running stores hold a bounded number
+of bytes."""
 
 from __future__ import annotations
 
@@ -105,3 +106,25 @@ def test_a_task_past_its_deadline_is_handed_out_to_expire_at_once() -> None:
     scheduler.submit(first)
     scheduler.submit(expired)
     assert drain(scheduler) == [first, expired]
+
+
+def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None:
+    scheduler = Scheduler(10**9, store_inflight_bytes_max=100)
+
+    def live(priority: Priority, size: int) -> Task:
+        deadline_ns = time.monotonic_ns() + 60 * 10**9
+        return Task(priority, 1, deadline_ns, size, lambda: None, lambda status: None)
+
+    stores = [live(Priority.STORE, 40) for _ in range(3)]
+    big = live(Priority.STORE, 500)
+    for t in [*stores, big]:
+        assert scheduler.submit(t)
+    assert drain(scheduler) == stores[:2]  # 80 bytes running; a third would make 120
+    load = live(Priority.LOAD, 40)
+    scheduler.submit(load)
+    assert drain(scheduler) == [load]  # loads are not held by the writes
+    scheduler.finished(stores[0])
+    assert drain(scheduler) == [stores[2]]
+    for t in (stores[1], stores[2], load):
+        scheduler.finished(t)
+    assert drain(scheduler) == [big]  # one store always may run, however large
