@@ -3,13 +3,16 @@
 #
 #   configs/lmcache-server.sh [--port 5555] [--http-port 8080] [--l1-size-gb 8]
 #                             [--eviction-policy LRU] [--socket PATH] [--tenant NAME]
-#                             [-- extra lmcache server flags]
+#                             [--zero-copy] [-- extra lmcache server flags]
 #
 # The gateway (adp-gateway serve) must use the same --socket; it may start before or after.
 # --supported-transfer-mode auto serves both GPU (lmcache_driven) and CPU (engine_driven) clients.
 # max_capacity_gb is 0: the gateway owns capacity and eviction, which survive restarts.
+# --zero-copy puts L1 in shared memory (/dev/shm/lmcache_l1_pool_adp-PORT, allocated whole at
+# start), so the gateway moves chunks between the disk and L1 with no copy (docs/design.md).
 set -euo pipefail
 PORT=5555 HTTP_PORT=8080 L1_GB=8 EVICTION=LRU SOCKET=/tmp/lmcache-adp/gateway.sock TENANT=default
+L1_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) PORT=$2; shift 2 ;;
@@ -18,6 +21,7 @@ while [ $# -gt 0 ]; do
     --eviction-policy) EVICTION=$2; shift 2 ;;
     --socket) SOCKET=$2; shift 2 ;;
     --tenant) TENANT=$2; shift 2 ;;
+    --zero-copy) L1_FLAGS=(--shm-name "adp-$PORT" --no-l1-use-lazy); shift ;;
     --) shift; break ;;
     *) echo "lmcache-server.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -27,4 +31,4 @@ l2='{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnect
 l2+='"adapter_params":{"socket_path":"'"$SOCKET"'","tenant":"'"$TENANT"'"},"max_capacity_gb":0}'
 exec lmcache server --host localhost --port "$PORT" --http-port "$HTTP_PORT" \
   --l1-size-gb "$L1_GB" --eviction-policy "$EVICTION" --chunk-size 256 \
-  --supported-transfer-mode auto --l2-adapter "$l2" "$@"
+  --supported-transfer-mode auto --l2-adapter "$l2" "${L1_FLAGS[@]}" "$@"

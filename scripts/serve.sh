@@ -3,11 +3,13 @@
 # ready for vLLM (LMCacheMPConnector) to connect. Ctrl-C stops both cleanly.
 #
 #   scripts/serve.sh [--data-dir DIR] [--capacity SIZE] [--port 5555] [--http-port 8080]
-#                    [--l1-size-gb 8] [--socket PATH]
+#                    [--l1-size-gb 8] [--socket PATH] [--zero-copy]
+#
+# --zero-copy keeps LMCache's L1 in shared memory, which the gateway reads and writes directly.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=$ROOT/adp-data CAPACITY="" PORT=5555 HTTP_PORT=8080 L1_GB=8
-SOCKET=/tmp/lmcache-adp/gateway.sock
+SOCKET=/tmp/lmcache-adp/gateway.sock SERVER_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR=$2; shift 2 ;;
@@ -16,6 +18,7 @@ while [ $# -gt 0 ]; do
     --http-port) HTTP_PORT=$2; shift 2 ;;
     --l1-size-gb) L1_GB=$2; shift 2 ;;
     --socket) SOCKET=$2; shift 2 ;;
+    --zero-copy) SERVER_FLAGS+=(--zero-copy); shift ;;
     *) echo "serve.sh: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
   esac
 done
@@ -36,7 +39,7 @@ stop() {
 trap 'stop; exit 0' INT TERM
 for _ in $(seq 100); do [ -S "$SOCKET" ] && break; kill -0 "$gateway_pid" || exit 1; sleep 0.1; done
 "$ROOT/configs/lmcache-server.sh" --port "$PORT" --http-port "$HTTP_PORT" \
-  --l1-size-gb "$L1_GB" --socket "$SOCKET" &
+  --l1-size-gb "$L1_GB" --socket "$SOCKET" "${SERVER_FLAGS[@]}" &
 server_pid=$!
 echo "serve.sh: gateway pid $gateway_pid, lmcache server pid $server_pid (port $PORT); Ctrl-C stops both"
 wait -n "$gateway_pid" "$server_pid" || true

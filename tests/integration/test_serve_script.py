@@ -17,7 +17,8 @@ from tests.support import ROOT, LMCacheServer, wait_until
 pytestmark = pytest.mark.integration
 
 
-def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path) -> None:
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["copy", "zero-copy"])
+def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_copy: bool) -> None:
     server = LMCacheServer(workdir, "")  # only for its ports and client helpers
     log = workdir / "serve.log"
     argv = [
@@ -34,6 +35,7 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path) -> None:
         "1",
         "--socket",
         str(workdir / "gw.sock"),
+        *(["--zero-copy"] if zero_copy else []),
     ]
     env = {**os.environ, "ADP_EXTRAS": "test"}  # the test venv as it is: nothing to reinstall
     with open(log, "wb") as out:
@@ -52,6 +54,7 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert "closed: 0 loads (0 hits, 0 B), 2 stores" in text
+    assert f"found), {2 if zero_copy else 0} of the loads and stores zero-copy" in text
     assert text.index("Finished server process") < text.index("gateway stopped")
     result = subprocess.run(["pgrep", "-f", str(workdir / "gw.sock")], capture_output=True)
     assert result.stdout == b"", "a process of the stack is still running"
