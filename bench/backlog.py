@@ -39,6 +39,7 @@ import numpy as np
 
 from bench import backlog_gateway, backlog_report, gateways, plugin
 from bench.storage import machine
+from gateway.config import GatewayConfig
 from tests.support import Gateway, Process, wait_for_future, wait_until
 
 GiB = 2**30
@@ -125,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--admission-mbps", type=float, default=400.0, help="offered per flood")
     parser.add_argument("--pending-s", type=float, default=25.0)
     parser.add_argument("--pending-gib", type=int, default=8, help="stores out (pending)")
+    parser.add_argument("--phases", default=",".join(PHASES), help="which, in this order")
+    parser.add_argument("--io-threads", type=int, help="every gateway's io_threads (default 8)")
     parser.add_argument("--out", default="bench/results/backlog")
     return parser.parse_args(argv)
 
@@ -135,6 +138,8 @@ def gateway_for(
 ) -> Iterator[SampledGateway]:
     workdir = args.dir / name
     workdir.mkdir(parents=True)
+    if args.io_threads is not None:
+        settings = {**settings, "io_threads": args.io_threads}
     config = gateways.write_config(workdir / "gateway.yaml", settings)
     gateway = SampledGateway(workdir, args.capacity, "--config", str(config))
     try:
@@ -261,10 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         "object_mib": args.object_mib,
         "flooders": args.flooders,
         "window_mib": args.window_mib,
+        "io_threads": args.io_threads or GatewayConfig().io_threads,
     }
-    for name, run in PHASES.items():
+    for name in args.phases.split(","):
         print(f"phase {name} ...", flush=True)
-        report[name] = run(args)
+        report[name] = PHASES[name](args)
     report["machine"]["loadavg_end"] = os.getloadavg()
     Path(f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
     Path(f"{args.out}.md").write_text(backlog_report.markdown(report))

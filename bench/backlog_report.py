@@ -133,15 +133,18 @@ def markdown(report: dict[str, Any]) -> str:
     head = (
         f"`{report['command']}` — {report['started']}, commit {m['commit']}, {m['cpus']} CPUs, "
         f"load average {m['loadavg_start'][0]:.2f} at start, `{m['dir_filesystem']}`. "
-        f"Objects of {report['object_mib']} MiB; every client a real ADPConnector."
+        f"Objects of {report['object_mib']} MiB, {report.get('io_threads', 8)} I/O threads in the "
+        "gateway; every client a real ADPConnector."
     )
-    sections = [
-        "# Read-first scheduling under a store backlog (`bench/backlog.py`)\n\n" + head,
-        _backlog_section(report),
-        _fairness_section(report["fairness"]),
-        _admission_section(report["admission"]),
-        _pending_section(report["pending"]),
-    ]
+    sections = ["# Read-first scheduling under a store backlog (`bench/backlog.py`)\n\n" + head]
+    if "backlog" in report:
+        sections.append(_backlog_section(report))
+    writers = {
+        "fairness": _fairness_section,
+        "admission": _admission_section,
+        "pending": _pending_section,
+    }
+    sections += [write(report[name]) for name, write in writers.items() if name in report]
     return "\n\n".join(sections) + "\n"
 
 
