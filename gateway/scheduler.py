@@ -109,6 +109,26 @@ class Scheduler:
             self._release(dropped)
             return dropped
 
+    def drop_expired(self) -> list[Task]:
+        """Remove and return every queued task whose deadline has passed, so that it completes
+        (as expired) even while every I/O thread is busy or stalled."""
+        now = time.monotonic_ns()
+        with self._ready:
+            dropped: list[Task] = []
+            for queues in self._queues:
+                for session_id, queue in list(queues.items()):
+                    expired = [t for t in queue if now > t.deadline_ns]
+                    if not expired:
+                        continue
+                    dropped.extend(expired)
+                    kept = deque(t for t in queue if now <= t.deadline_ns)
+                    if kept:
+                        queues[session_id] = kept
+                    else:
+                        del queues[session_id]
+            self._release(dropped)
+            return dropped
+
     def close(self) -> list[Task]:
         """Refuse new tasks and return every queued one."""
         with self._ready:

@@ -43,6 +43,7 @@ from gateway.units import format_size
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 5.0
+EXPIRE_INTERVAL_S = 0.1
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -108,6 +109,7 @@ class Gateway:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
             self._spawn(f"io-{i}", self._io_loop)
+        self._spawn("expire", self._expire_loop)
         self._spawn("accept", self._accept_loop)
         log.info("gateway listening on %s", self.config.socket)
         if self.tenants.open_mode:
@@ -154,6 +156,13 @@ class Gateway:
                 task.cancel(2)
             finally:
                 self.scheduler.finished(task)
+
+    def _expire_loop(self) -> None:
+        """Fail queued ops past their deadline, even while every I/O thread is stuck, so they
+        give their slots back to their clients."""
+        while not self._stopping.wait(EXPIRE_INTERVAL_S):
+            for task in self.scheduler.drop_expired():
+                task.cancel(3)  # Status.EXPIRED
 
     def _accept_loop(self) -> None:
         assert self._listener is not None

@@ -50,6 +50,7 @@ _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.
 # at the deadline itself, so a fence word written before the check is long visible by then.
 L1_START_MARGIN_NS = 50_000_000
 _CHECKSUM_BYTES = 8
+_SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
 # What an I/O task reports: status, per-key result bytes in the arena, the object's length.
 _Outcome = tuple[Status, int, int]
 
@@ -157,6 +158,8 @@ class Session:
         with self._lock:
             if self._closed:
                 return
+            if status in _SHED:
+                self._counts[_SHED[status]] += 1
             self._inflight.discard(submission.slot)
             self._backlog.append(completion)
             try:
@@ -365,7 +368,8 @@ def _describe(counts: dict[str, int]) -> str:
         f"{format_size(counts.get('bytes_loaded', 0))}), {counts.get('stores', 0)} stores "
         f"({format_size(counts.get('bytes_stored', 0))}), {counts.get('keys_looked_up', 0)} keys "
         f"looked up ({counts.get('keys_found', 0)} found), {counts.get('zero_copy', 0)} "
-        "of the loads and stores zero-copy"
+        f"of the loads and stores zero-copy; {counts.get('refused', 0)} ops refused (backlog "
+        f"over its bound), {counts.get('expired', 0)} expired, {counts.get('failed', 0)} failed"
     )
 
 

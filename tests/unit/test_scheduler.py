@@ -128,3 +128,14 @@ def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None
     for t in (stores[1], stores[2], load):
         scheduler.finished(t)
     assert drain(scheduler) == [big]  # one store always may run, however large
+
+
+def test_queued_tasks_past_their_deadline_are_dropped_without_a_thread() -> None:
+    scheduler = Scheduler(10**9)
+    late, alive = on({0}, deadline_s=-1), on({0}, session=2)
+    late_store = Task(Priority.STORE, 1, 0, 50, lambda: None, lambda status: None)
+    for t in (late, alive, late_store):
+        assert scheduler.submit(t)
+    assert scheduler.drop_expired() == [late, late_store]
+    assert scheduler.statistics().store_backlog_bytes == 0  # its bytes are given back
+    assert drain(scheduler) == [alive]
