@@ -94,6 +94,7 @@ from gateway.ring.layout import (
     COMPLETION,
     CQ_HEAD,
     CQ_TAIL,
+    FLAG_L1,
     PAGE_BYTES,
     SQ_HEAD,
     SQ_TAIL,
@@ -711,7 +712,7 @@ def draw_descriptor(src: Source, busy: Sequence[int] = ()) -> tuple[Submission, 
     submission = Submission(
         src.integer(0, U64),
         op,
-        src.integer(0, U8),
+        pick(src, [FLAG_L1, 2, U8]) if odd() else 0,
         0,
         slot,
         request_bytes,
@@ -729,6 +730,8 @@ def expect(submission: Submission, request: bytes, in_flight: set[int], now: int
     layout = SESSION_LAYOUT
     if submission.op not in (1, 2, 3, 4) or submission.slot >= layout.slots:
         return REFUSED
+    if submission.flags & ~FLAG_L1 or (submission.flags and submission.op not in (1, 2)):
+        return REFUSED
     if submission.request_bytes > layout.arena_bytes or submission.slot in in_flight:
         return REFUSED
     keys = reference_keys(request, KEYS_PER_REQUEST_MAX)
@@ -739,7 +742,9 @@ def expect(submission: Submission, request: bytes, in_flight: set[int], now: int
     if submission.op == Op.DELETE:
         return QUEUED
     end = submission.data_offset + align_up(submission.data_bytes)
-    if len(keys) != 1 or submission.data_offset % PAGE_BYTES or end > layout.window_bytes:
+    if len(keys) != 1 or submission.flags:  # FLAG_L1: this session has no L1 segment
+        return REFUSED
+    if submission.data_offset % PAGE_BYTES or end > layout.window_bytes:
         return REFUSED
     return QUEUED
 
@@ -747,9 +752,10 @@ def expect(submission: Submission, request: bytes, in_flight: set[int], now: int
 @target
 def target_session(src: Source) -> None:
     """Session._dispatch of fuzzed descriptors, one after another: it refuses (ProtocolError)
-    exactly what the checks forbid (unknown op, slot out of range, request over its arena, slot
-    reused while in flight, bad keys, a data op's window range unaligned or outside the window,
-    a data op without exactly one key), answers EXISTS and expired ops at once, queues the rest;
+    exactly what the checks forbid (unknown op, unknown flags or flags on an op without data,
+    slot out of range, request over its arena, slot reused while in flight, bad keys, a data op's
+    window range unaligned or outside the window, a data op without exactly one key, a zero-copy
+    op on a session without an L1 segment), answers EXISTS and expired ops at once, queues the rest;
     queued ops run and complete; nothing raises anything else."""
     store = small_store(MemoryDevice(PAGE_BYTES + 4 * STORE_REGION_BYTES))
     store.recover()
