@@ -1,0 +1,271 @@
+"""A long prompt's KV restored cold from L2 into an empty L1 through a real ``lmcache server``.
+
+    python -m bench.long_restore --dir DIR [--gb 8.6] [--shm-name NAME] [--mode cpu|gpu]
+
+The target is a 196,000-token GLM prompt at ~43,723 bytes of KV per token: 8.6 GB in 256-token
+chunks. The KV here is 43 layers x 2 KV heads x 128 x bfloat16 (44,032 bytes per token, 11.27 MB
+per chunk against the target's 11.19 MB); ``--gb`` scales the prompt's length, not the chunks.
+
+In one run, on ``--dir`` (the disk under test):
+  1. the disk's floor: O_DIRECT writes then reads of the same bytes at the gateway's I/O size and
+     depth (bench/device.py);
+  2. lmcache-adp: gateway + ``lmcache server`` with our plugin; the prompt is stored through the
+     server (bench/long_restore_client.py, LMCache's own client), written through to the
+     gateway; then the server and the gateway are restarted (empty L1, gateway reads by
+     O_DIRECT) and the restore is timed: LOOKUP with L2 prefetch + RETRIEVE into the KV cache;
+  3. LMCache's ``fs_native`` (``use_odirect``) the same way, its files fadvise'd out of the page
+     cache before the restore;
+  4. with ``--shm-name``, lmcache-adp again with L1 in a shared-memory segment (the plugin's
+     zero-copy case).
+Writes ``OUT.json`` and ``OUT.md`` (``--out``, default bench/results/long_restore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import gateways
+from bench.device import device_limit, gateway_io_shape
+from bench.harness import drop_file_cache
+from bench.long_restore_report import markdown
+from tests.support import BIN, ROOT, Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
+
+CHUNK_TOKENS = 256
+TARGET = {"tokens": 196_000, "bytes_per_token": 43_723, "model": "GLM, 196,000-token prompt"}
+L2_SETTLE_TIMEOUT_S = 1200
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The long prompt's geometry: ``tokens`` of KV, 43 x 2 x 128 bfloat16 per token."""
+
+    tokens: int
+    layers: int = 43
+    kv_heads: int = 2
+    head_dim: int = 128
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tokens * self.bytes_per_token
+
+    @property
+    def chunk_bytes(self) -> int:
+        return CHUNK_TOKENS * self.bytes_per_token
+
+    @classmethod
+    def of_size(cls, gigabytes: float) -> Prompt:
+        tokens = round(gigabytes * 1e9 / cls(0).bytes_per_token / CHUNK_TOKENS) * CHUNK_TOKENS
+        return cls(tokens)
+
+    def client_args(self) -> list[str]:
+        shape = f"{self.layers},{self.kv_heads},{self.head_dim}"
+        return [f"--tokens={self.tokens}", f"--kv-shape={shape}"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where and how every contender runs."""
+
+    directory: Path
+    prompt: Prompt
+    mode: str
+    lmcache_bin: Path
+    logs: Path | None = None  # where each contender's logs are kept, if anywhere
+
+    @property
+    def l1_size_gb(self) -> int:
+        return math.ceil(self.prompt.total_bytes / 2**30 * 1.15) + 1
+
+
+def run_client(setup: Setup, server: LMCacheServer, phase: str) -> dict[str, Any]:
+    """One phase of bench/long_restore_client.py in a new process; its JSON result."""
+    out = server.log_path.with_name(f"client-{phase}{time.monotonic_ns()}.json")
+    argv = [sys.executable, "-m", "bench.long_restore_client", f"--phase={phase}"]
+    argv += [f"--rpc-url=tcp://localhost:{server.port}", f"--mode={setup.mode}"]
+    argv += [*setup.prompt.client_args(), f"--json-out={out}"]
+    with open(server.log_path.with_name(f"client-{phase}.log"), "ab") as log:
+        subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+    if not out.exists():
+        raise RuntimeError(f"the {phase} client wrote no result; see {log.name}")
+    return dict(json.loads(out.read_text()))
+
+
+def start_server(setup: Setup, workdir: Path, spec: str, tag: str, shm: str | None) -> Any:
+    server = LMCacheServer(workdir, spec, tag, setup.lmcache_bin, setup.l1_size_gb, shm)
+    return server.start()
+
+
+def store_then_restore(
+    setup: Setup,
+    workdir: Path,
+    spec: str,
+    between: Callable[[], None],
+    shm_name: str | None = None,
+) -> dict[str, Any]:
+    """Store through one server, wait for L2, stop it, ``between()``, restore through a new one."""
+    server = start_server(setup, workdir, spec, "-store", shm_name)
+    try:
+        stored = run_client(setup, server, "store")
+        started = time.perf_counter()
+        wait_until(server.l2_settled, L2_SETTLE_TIMEOUT_S, "the L2 write-through")
+        stored["l2_settle_after_store_s"] = time.perf_counter() - started
+    finally:
+        server.stop()
+    between()
+    server = start_server(setup, workdir, spec, "-restore", shm_name)
+    try:
+        restored = run_client(setup, server, "restore")
+    finally:
+        server.stop()
+    restored["digest_matches_store"] = restored["digest"] == stored["digest"]
+    return {"store": stored, "restore": restored}
+
+
+def run_adp(setup: Setup, shm_name: str | None = None) -> dict[str, Any]:
+    """lmcache-adp: both the server and the gateway are restarted between store and restore."""
+    workdir = setup.directory / "adp"
+    workdir.mkdir()
+    sockdir = short_tmpdir()  # Unix socket paths are limited to 108 bytes
+    chunks = setup.prompt.tokens // CHUNK_TOKENS
+    capacity = gateways.capacity_for(chunks, setup.prompt.chunk_bytes)
+    gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
+
+    def restart_gateway() -> None:
+        gateway.stop()
+        start_gateway(gateway)
+
+    try:
+        start_gateway(gateway)
+        spec = gateway.l2_adapter_json(op_timeout_s=60.0)
+        result = store_then_restore(setup, workdir, spec, restart_gateway, shm_name)
+        result["gateway_cpu_s_restore"] = gateways.cpu_seconds(gateway)
+        result["sessions_dropped"] = gateways.dropped_sessions(gateway)
+        result["zero_copy_ops"] = zero_copy_ops(gateway.log())
+        return result
+    finally:
+        gateway.stop()
+        keep_logs(setup, workdir, "lmcache_adp_shm" if shm_name else "lmcache_adp")
+        for path in (workdir, sockdir):
+            remove_tree(path)
+
+
+def zero_copy_ops(gateway_log: str) -> int:
+    """Loads and stores the gateway moved without a copy, from its session summary lines."""
+    return sum(int(n) for n in re.findall(r"(\d+) of the loads and stores zero-copy", gateway_log))
+
+
+def start_gateway(gateway: Gateway) -> None:
+    error = gateways.start(gateway, module=True)  # the module: no console script on the device
+    if error is not None:
+        raise RuntimeError(f"the gateway did not start: {error}")
+
+
+def run_fs_native(setup: Setup) -> dict[str, Any]:
+    """LMCache's fs_native with O_DIRECT; its files leave the page cache before the restore."""
+    workdir, base = setup.directory / "fs", setup.directory / "fs" / "l2"
+    base.mkdir(parents=True)
+    spec = json.dumps({"type": "fs_native", "base_path": str(base), "use_odirect": True})
+    try:
+        return store_then_restore(setup, workdir, spec, lambda: drop_file_cache(base))
+    finally:
+        keep_logs(setup, workdir, "fs_native")
+        remove_tree(workdir)
+
+
+def keep_logs(setup: Setup, workdir: Path, contender: str) -> None:
+    if setup.logs is not None:
+        shutil.copytree(workdir, setup.logs / contender, ignore=_not_logs, dirs_exist_ok=True)
+
+
+def _not_logs(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if not n.endswith((".log", ".json"))]
+
+
+def floor(setup: Setup) -> dict[str, Any]:
+    """The disk's own O_DIRECT write and read of the prompt's bytes, as the gateway does I/O."""
+    probe = device_limit(
+        setup.directory, setup.prompt.total_bytes, *gateway_io_shape(setup.prompt.chunk_bytes)
+    )
+    return {**probe, "read_s": probe["total_bytes"] / probe["read_GBps"] / 1e9}
+
+
+def attempt(contender: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """The contender's result, or ``{"failed": why}``: one broken contender spoils no other."""
+    try:
+        return contender(*args)
+    except Exception as exc:
+        return {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
+
+
+def run(setup: Setup, shm_name: str | None) -> dict[str, Any]:
+    setup.directory.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"floor": floor(setup)}
+    print(json.dumps(results["floor"]), flush=True)
+    results["lmcache_adp"] = attempt(run_adp, setup)
+    print(json.dumps(results["lmcache_adp"]), flush=True)
+    results["fs_native"] = attempt(run_fs_native, setup)
+    print(json.dumps(results["fs_native"]), flush=True)
+    if shm_name is not None:
+        results["lmcache_adp_shm"] = attempt(run_adp, setup, shm_name)
+        print(json.dumps(results["lmcache_adp_shm"]), flush=True)
+    return results
+
+
+def environment(setup: Setup) -> dict[str, Any]:
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    # A snapshot (`git archive`) names its commit in ADP_COMMIT: git would name the enclosing one.
+    commit = (
+        os.environ.get("ADP_COMMIT")
+        or subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    )
+    return {
+        "commit": commit or None,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "mode": setup.mode,
+        "l1_size_gb": setup.l1_size_gb,
+        "prompt": {**asdict(setup.prompt), "bytes": setup.prompt.total_bytes},
+        "target": {**TARGET, "bytes": TARGET["tokens"] * TARGET["bytes_per_token"]},  # type: ignore[operator]
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--dir", type=Path, required=True, help="on the disk under test")
+    parser.add_argument("--gb", type=float, default=8.6, help="prompt KV size, 10^9 bytes")
+    parser.add_argument("--mode", choices=["cpu", "gpu"], default="cpu", help="KV cache device")
+    parser.add_argument("--shm-name", help="also run lmcache-adp with L1 in /dev/shm/NAME")
+    parser.add_argument("--lmcache-bin", type=Path, default=BIN, help="holds `lmcache`")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/long_restore"))
+    parser.add_argument("--logs", type=Path, help="keep the processes' logs here")
+    args = parser.parse_args()
+    setup = Setup(args.dir, Prompt.of_size(args.gb), args.mode, args.lmcache_bin, args.logs)
+    report = {
+        "command": " ".join(["python -m bench.long_restore", *sys.argv[1:]]),
+        **environment(setup),
+        "results": run(setup, args.shm_name),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
