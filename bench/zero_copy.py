@@ -104,6 +104,7 @@ def run(
             wait_connected(connector)
             rows.append(measure(gateway, connector, "store", path, keys, sources))
             connector.close()
+            assert rows[-1]["failed_batches"] == 0, f"stores failed: {rows[-1]}"
         for path, zero_copy in PATHS.items():
             keys = object_keys(objects, first=(2 * round_number + zero_copy) * objects)
             connector = connect(gateway, zero_copy=zero_copy, op_timeout_s=120)

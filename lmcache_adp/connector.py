@@ -291,11 +291,16 @@ class _IOLoop:
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
         self._release_drained()
-        while shared.incoming:
-            self._accept(shared.incoming.popleft())
         if self._link is not None:
             for completion, request in self._link.completions():
                 self._finish(request, completion)
+        # Each batch goes to the gateway as soon as there is room, before the next is accepted:
+        # only what cannot go yet counts against pending_store_bytes_max.
+        while shared.incoming:
+            self._accept(shared.incoming.popleft())
+            if self._link is not None:
+                self._submit_pending()
+        if self._link is not None:
             self._submit_pending()
         elif self._pending:
             self._fail_everything("the gateway is not connected")
