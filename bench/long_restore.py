@@ -137,8 +137,9 @@ def store_then_restore(
     return {"store": stored, "restore": restored}
 
 
-def run_adp(setup: Setup, shm_name: str | None = None) -> dict[str, Any]:
-    """lmcache-adp: both the server and the gateway are restarted between store and restore."""
+def run_adp(setup: Setup, shm_name: str | None = None, zero_copy: bool = True) -> dict[str, Any]:
+    """lmcache-adp: both the server and the gateway are restarted between store and restore.
+    With ``shm_name`` L1 is shared memory, which the plugin uses zero-copy unless told not to."""
     workdir = setup.directory / "adp"
     workdir.mkdir()
     sockdir = short_tmpdir()  # Unix socket paths are limited to 108 bytes
@@ -152,7 +153,7 @@ def run_adp(setup: Setup, shm_name: str | None = None) -> dict[str, Any]:
 
     try:
         start_gateway(gateway)
-        spec = gateway.l2_adapter_json(op_timeout_s=60.0)
+        spec = gateway.l2_adapter_json(op_timeout_s=60.0, zero_copy=zero_copy)
         result = store_then_restore(setup, workdir, spec, restart_gateway, shm_name)
         result["gateway_cpu_s_restore"] = gateways.cpu_seconds(gateway)
         result["sessions_dropped"] = gateways.dropped_sessions(gateway)
@@ -160,7 +161,8 @@ def run_adp(setup: Setup, shm_name: str | None = None) -> dict[str, Any]:
         return result
     finally:
         gateway.stop()
-        keep_logs(setup, workdir, "lmcache_adp_shm" if shm_name else "lmcache_adp")
+        name = "lmcache_adp" + ("_shm" if shm_name else "") + ("" if zero_copy else "_copy")
+        keep_logs(setup, workdir, name)
         for path in (workdir, sockdir):
             remove_tree(path)
 
@@ -221,7 +223,9 @@ def run(setup: Setup, shm_name: str | None) -> dict[str, Any]:
     print(json.dumps(results["lmcache_adp"]), flush=True)
     results["fs_native"] = attempt(run_fs_native, setup)
     print(json.dumps(results["fs_native"]), flush=True)
-    if shm_name is not None:
+    if shm_name is not None:  # the same shared-memory L1, copied through the window, then not
+        results["lmcache_adp_shm_copy"] = attempt(run_adp, setup, shm_name, False)
+        print(json.dumps(results["lmcache_adp_shm_copy"]), flush=True)
         results["lmcache_adp_shm"] = attempt(run_adp, setup, shm_name)
         print(json.dumps(results["lmcache_adp_shm"]), flush=True)
     return results

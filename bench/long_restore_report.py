@@ -6,6 +6,7 @@ from typing import Any
 
 CONTENDERS = (
     ("lmcache_adp", "lmcache-adp (gateway, O_DIRECT)"),
+    ("lmcache_adp_shm_copy", "lmcache-adp, L1 in shared memory, copy path (zero_copy: false)"),
     ("lmcache_adp_shm", "lmcache-adp, L1 in shared memory"),
     ("fs_native", "LMCache fs_native (O_DIRECT)"),
 )
