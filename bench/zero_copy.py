@@ -7,7 +7,8 @@ in this process, where the real plugin finds it. The same buffers go through the
 twice per round: with ``zero_copy`` (the gateway moves the bytes between the disk and L1) and
 with ``zero_copy: false`` (the plugin copies them through the session's window). Stores, then
 loads into other L1 buffers (byte-exact, already touched once, as in a warm server), from the
-disk with O_DIRECT, so never from the page cache. The gateway runs ``sync: none`` so the pipeline, not fdatasync, is what is compared.
+disk with O_DIRECT, so never from the page cache. The gateway runs ``sync: none`` so the
+pipeline, not fdatasync, is what is compared.
 CPU is this process (the plugin: its copies, or its checksums) plus the gateway process.
 Writes bench/results/zero_copy.json and zero_copy.md.
 """
