@@ -16,11 +16,15 @@ class Fragment(NamedTuple):
     database: int
 
 
+def count(object_bytes: int, fragment_bytes_max: int) -> int:
+    """How many fragments an object is stored as (one even when it is empty)."""
+    return max(1, -(-object_bytes // fragment_bytes_max))
+
+
 def plan(
     object_bytes: int, fragment_bytes_max: int, databases: int, key_hash: int
 ) -> list[Fragment]:
     assert fragment_bytes_max > 0 and databases > 0 and object_bytes >= 0
-    count = max(1, -(-object_bytes // fragment_bytes_max))
     return [
         Fragment(
             number=i,
@@ -28,5 +32,5 @@ def plan(
             length=min(fragment_bytes_max, object_bytes - i * fragment_bytes_max),
             database=(key_hash + i) % databases,
         )
-        for i in range(count)
+        for i in range(count(object_bytes, fragment_bytes_max))
     ]

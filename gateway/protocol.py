@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 
 from gateway.errors import HandshakeRefused, ProtocolError
+from gateway.ring.layout import align_up
 
 PROTOCOL_VERSION = 2
 FRAME_BYTES_MAX = 64 * 1024
@@ -31,6 +32,7 @@ KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
 KEYS_PER_REQUEST_MAX = 4096
 _FRAME_HEADER = struct.Struct("<I")
+CHECKSUM_BYTES = 8  # one payload checksum per fragment, in a zero-copy op's arena
 
 
 class Op(IntEnum):
@@ -165,6 +167,20 @@ def parse_welcome(body: dict[str, Any]) -> Welcome:
             )
         values[name] = value
     return Welcome(**values)
+
+
+def checksums_at(keys_bytes: int) -> int:
+    """Where a zero-copy store's payload checksums start in its slot's arena: after its keys,
+    on an 8-byte boundary. A zero-copy load's answer puts them at the arena's start."""
+    return align_up(keys_bytes, CHECKSUM_BYTES)
+
+
+def pack_checksums(checksums: list[int]) -> bytes:
+    return struct.pack(f"<{len(checksums)}Q", *checksums)
+
+
+def unpack_checksums(arena: memoryview, count: int, at: int = 0) -> list[int]:
+    return list(struct.unpack_from(f"<{count}Q", arena, at))
 
 
 def encode_keys(keys: list[str]) -> bytes:

@@ -21,7 +21,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from collections import Counter, deque
@@ -29,7 +28,17 @@ from collections.abc import Callable, Iterator
 
 from gateway.errors import ProtocolError, StorageError
 from gateway.l1 import L1Segment
-from gateway.protocol import KEYS_PER_REQUEST_MAX, Op, Status, Welcome, decode_keys
+from gateway.protocol import (
+    CHECKSUM_BYTES,
+    KEYS_PER_REQUEST_MAX,
+    Op,
+    Status,
+    Welcome,
+    checksums_at,
+    decode_keys,
+    pack_checksums,
+    unpack_checksums,
+)
 from gateway.ring.layout import (
     FLAG_L1,
     PAGE_BYTES,
@@ -49,7 +58,6 @@ _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.
 # A zero-copy op may start touching L1 only this long before its deadline; the plugin decides
 # at the deadline itself, so a fence word written before the check is long visible by then.
 L1_START_MARGIN_NS = 50_000_000
-_CHECKSUM_BYTES = 8
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
 # What an I/O task reports: status, per-key result bytes in the arena, the object's length.
 _Outcome = tuple[Status, int, int]
@@ -238,8 +246,9 @@ class Session:
                 checksums = self._store.get_unverified(self.tenant, key, extent, length)
                 found, result_bytes = checksums is not None, 0
                 if checksums is not None:
-                    result_bytes = _CHECKSUM_BYTES * len(checksums)
-                    struct.pack_into(f"<{len(checksums)}Q", arena, 0, *checksums)
+                    answer = pack_checksums(checksums)
+                    arena[: len(answer)] = answer
+                    result_bytes = len(answer)
             else:
                 found, result_bytes = self._store.get(self.tenant, key, extent, length), 0
             self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
@@ -251,8 +260,8 @@ class Session:
             return
         checksums = None
         if zero_copy:  # read now: the arena is the client's to scribble on
-            count = self._fragments(length)
-            checksums = list(struct.unpack_from(f"<{count}Q", arena, checksums_at))
+            count = self._store.fragment_count(length)
+            checksums = unpack_checksums(arena, count, checksums_at)
 
         def store() -> _Outcome:
             self._store.put(self.tenant, key, extent, length, checksums)
@@ -283,14 +292,12 @@ class Session:
         self._count(zero_copy=1)
         return self._l1.pages(submission.data_offset, submission.data_bytes)
 
-    def _fragments(self, object_bytes: int) -> int:
-        return self._store.fragment_count(object_bytes)
-
     def _checksums_at(self, submission: Submission) -> int:
         """Where a zero-copy op's checksums lie in its arena: after a store's keys, at the
         start for a load's answer. Raises ProtocolError when they would not fit."""
-        at = align_up(submission.request_bytes, _CHECKSUM_BYTES) if submission.op == Op.SET else 0
-        if at + self._fragments(submission.data_bytes) * _CHECKSUM_BYTES > self._layout.arena_bytes:
+        at = checksums_at(submission.request_bytes) if submission.op == Op.SET else 0
+        count = self._store.fragment_count(submission.data_bytes)
+        if at + count * CHECKSUM_BYTES > self._layout.arena_bytes:
             raise ProtocolError(
                 f"the checksums of a {submission.data_bytes}-byte object do not fit the arena"
             )

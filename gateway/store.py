@@ -179,7 +179,7 @@ class Store:
 
     def fragment_count(self, object_bytes: int) -> int:
         """How many fragments (and checksums) an object of ``object_bytes`` is stored as."""
-        return max(1, -(-object_bytes // self._fragment_bytes_max))
+        return fragmenter.count(object_bytes, self._fragment_bytes_max)
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
         """Read the object into ``extent``; True only when every byte was verified."""

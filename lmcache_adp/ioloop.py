@@ -10,17 +10,27 @@ import itertools
 import logging
 import os
 import select
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gateway import fragmenter
 from gateway.checksum import checksum
 from gateway.errors import GatewayError
-from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, encode_keys
-from gateway.ring.layout import PAGE_BYTES, Completion, align_up
+from gateway.protocol import (
+    CHECKSUM_BYTES,
+    KEY_BYTES_MAX,
+    KEYS_PER_REQUEST_MAX,
+    Op,
+    Status,
+    checksums_at,
+    encode_keys,
+    pack_checksums,
+    unpack_checksums,
+)
+from gateway.ring.layout import PAGE_BYTES, Completion
 from gateway.units import format_size
 from lmcache_adp import config
 from lmcache_adp.completions import CompletionQueue
@@ -222,7 +232,7 @@ class IOLoop:
                 if request.l1_offset is None:
                     self._copier.copy(link.extent(request), buffer)
                 else:
-                    extra = pack_words(fragment_checksums(buffer, link.welcome.fragment_bytes))
+                    extra = pack_checksums(fragment_checksums(buffer, link.welcome.fragment_bytes))
             link.submit(next(self._shared.op_ids), request, keys, batch.deadline_ns, extra)
             submitted = True
         if submitted:
@@ -265,7 +275,7 @@ class IOLoop:
         """Whether a zero-copy load's bytes in L1 match the checksums the gateway read from
         disk. A mismatch is a miss, and the object is deleted (invariant 1)."""
         count = min(completion.result_bytes, link.welcome.arena_bytes) // 8
-        expected = list(struct.unpack_from(f"<{count}Q", link.arena(request)))
+        expected = unpack_checksums(link.arena(request), count)
         if expected == fragment_checksums(buffer, link.welcome.fragment_bytes):
             return True
         log.warning("%s failed its checksum in L1; reporting a miss", request.keys[0])
@@ -386,8 +396,8 @@ def zero_copy_offset(link: GatewayLink, request: Request, keys_bytes: int) -> in
     buffer = buffers[request.first]
     if request.op == Op.GET and buffer.nbytes % PAGE_BYTES:
         return None
-    fragments = -(-buffer.nbytes // fragment_bytes)
-    if align_up(keys_bytes, 8) + 8 * fragments > link.welcome.arena_bytes:
+    fragments = fragmenter.count(buffer.nbytes, fragment_bytes)
+    if checksums_at(keys_bytes) + CHECKSUM_BYTES * fragments > link.welcome.arena_bytes:
         return None
     return segment.offset_of(buffer)
 
@@ -395,13 +405,9 @@ def zero_copy_offset(link: GatewayLink, request: Request, keys_bytes: int) -> in
 def fragment_checksums(buffer: memoryview, fragment_bytes: int) -> list[int]:
     """The payload checksum of each fragment the gateway stores ``buffer`` as."""
     return [
-        checksum(buffer[at : at + fragment_bytes])
-        for at in range(0, max(buffer.nbytes, 1), fragment_bytes)
+        checksum(buffer[f.offset : f.offset + f.length])
+        for f in fragmenter.plan(buffer.nbytes, fragment_bytes, 1, 0)
     ]
-
-
-def pack_words(words: list[int]) -> bytes:
-    return struct.pack(f"<{len(words)}Q", *words)
 
 
 def split(batch: Batch) -> Iterator[Request]:

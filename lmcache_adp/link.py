@@ -13,13 +13,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import ProtocolError
-from gateway.protocol import Hello, Op, Welcome, hello_body, parse_welcome, recv_frame, send_frame
+from gateway.protocol import (
+    Hello,
+    Op,
+    Welcome,
+    checksums_at,
+    hello_body,
+    parse_welcome,
+    recv_frame,
+    send_frame,
+)
 from gateway.ring.layout import (
     FLAG_L1,
     Completion,
     RingLayout,
     Submission,
-    align_up,
     map_shared,
 )
 from gateway.ring.queue import completion_consumer, submission_producer
@@ -148,7 +156,7 @@ class GatewayLink:
         arena = self.arena(request)
         arena[: len(payload)] = payload
         if extra:
-            at = align_up(len(payload), 8)
+            at = checksums_at(len(payload))
             arena[at : at + len(extra)] = extra
         entry = Submission(
             op_id,

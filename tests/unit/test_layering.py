@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_MAY_USE = {
     "gateway.checksum",  # zero-copy ops exchange payload checksums
+    "gateway.fragmenter",  # ... one per fragment, split as the gateway splits
     "gateway.protocol",
     "gateway.ring.layout",
     "gateway.ring.queue",
