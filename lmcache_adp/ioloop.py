@@ -332,12 +332,15 @@ class IOLoop:
             self._report(batch)
 
     def _touching(self, batch: Batch) -> bool:
-        """Whether the gateway may still touch one of the batch's L1 buffers."""
+        """Whether the gateway may still touch one of the batch's L1 buffers. A request once
+        seen moving counts until its completion arrives: the gateway lowers the fence just
+        before it posts the completion, and the answer (often a late success) is on its way."""
         link = self._link
-        if link is not None and any(
-            r.batch is batch and link.fenced(r) for r in link.inflight.values()
-        ):
-            return True
+        if link is not None:
+            for request in link.inflight.values():
+                if request.batch is batch and (request.moving or link.fenced(request)):
+                    request.moving = True
+                    return True
         return any(r.batch is batch for _, held in self._draining for r in held)
 
     def _drop_link(self, reconnect: bool = True) -> None:

@@ -47,6 +47,7 @@ class Request:
     slot: int = -1
     data_offset: int = -1  # into the window; or into the L1 segment when l1_offset is set
     l1_offset: int | None = None  # a zero-copy op: the buffer's offset in the L1 segment
+    moving: bool = False  # its fence was seen up: it settles by its completion, not its deadline
 
 
 class GatewayLink:
