@@ -57,8 +57,10 @@ def basic_check(bin_dir: Path, spec: str) -> dict[str, tuple[int, int]]:
     test_l2_adapter``): lookups of absent keys, a store, lookups, loads compared byte for byte.
     Returns each row of its table as (passed, all), plus the content validation."""
     result = run(
-        [str(bin_dir / "python"), "-m", "lmcache.v1.basic_check", "--mode", "test_l2_adapter"]
-        + ["--l2-adapter", spec]
+        [
+            *(str(bin_dir / "python"), "-m", "lmcache.v1.basic_check"),
+            *("--mode", "test_l2_adapter", "--l2-adapter", spec),
+        ]
     )
     assert result.returncode == 0, tail(result)
     rows = {
@@ -76,8 +78,10 @@ def basic_check(bin_dir: Path, spec: str) -> dict[str, tuple[int, int]]:
 def bench_l2(bin_dir: Path, spec: str, out: Path, *args: str) -> dict[str, dict[str, Any]]:
     """``lmcache bench l2`` of that release: its metrics per operation (Store, Lookup, Load)."""
     result = run(
-        [str(bin_dir / "lmcache"), "bench", "l2", "--l2-adapter", spec]
-        + ["--format", "json", "--output", str(out), *args],
+        [
+            *(str(bin_dir / "lmcache"), "bench", "l2", "--l2-adapter", spec),
+            *("--format", "json", "--output", str(out), *args),
+        ],
         timeout_s=600,
     )
     assert result.returncode == 0, tail(result)
@@ -90,9 +94,11 @@ def client(
 ) -> tuple[int, dict[str, Any]]:
     """tests/compat/vllm_client.py run by ``bin_dir``'s Python: exit status, its JSON line."""
     result = run(
-        [str(bin_dir / "python"), "-m", "tests.compat.vllm_client", "--port", str(server.port)]
-        + ["--http-port", str(server.http_port), "--timeout", "30", "--deadline", "150"]
-        + [action, "--seed", str(seed), *extra],
+        [
+            *(str(bin_dir / "python"), "-m", "tests.compat.vllm_client"),
+            *("--port", str(server.port), "--http-port", str(server.http_port)),
+            *("--timeout", "30", "--deadline", "150", action, "--seed", str(seed), *extra),
+        ],
         timeout_s=180,
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]

@@ -114,8 +114,10 @@ def test_lmcache_cli_cannot_run_the_server_or_the_l2_bench(gateway: Gateway) -> 
     assert server.returncode != 0
     assert "requires the full lmcache installation" in server.stdout + server.stderr
     bench = run(
-        [str(bin_dir / "lmcache"), "bench", "l2", "--l2-adapter", gateway.l2_adapter_json()]
-        + ["--num-keys", "4"]
+        [
+            *(str(bin_dir / "lmcache"), "bench", "l2"),
+            *("--l2-adapter", gateway.l2_adapter_json(), "--num-keys", "4"),
+        ]
     )
     assert bench.returncode != 0
     assert "device_ops" in bench.stderr  # ImportError: cannot import name 'device_ops'
