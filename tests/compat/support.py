@@ -7,11 +7,13 @@ import functools
 import json
 import os
 import re
+import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support import BIN, ROOT, LMCacheServer
+from tests.support import BIN, ROOT, LMCacheServer, Process, free_port, wait_until
 
 COMPAT_DIR = Path(os.environ.get("ADP_COMPAT_DIR", ROOT / ".venv-compat"))
 MAIN_VERSION = "0.5.6"  # the release in .venv, which CI runs
@@ -107,3 +109,80 @@ def client(
     if result.returncode == 2:
         print(tail(result))
     return result.returncode, report
+
+
+def metric(server: LMCacheServer, name: str) -> dict[str, float]:
+    """One counter or gauge of the server's /metrics, by its l2_name label ("" without one)."""
+    url = f"http://127.0.0.1:{server.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.M):
+        adapter = re.search(r'l2_name="([^"]*)"', labels or "")
+        key = adapter[1] if adapter else ""
+        values[key] = values.get(key, 0.0) + float(value)
+    return values
+
+
+class MultiAdapterServer(LMCacheServer):
+    """An ``lmcache server`` given several ``--l2-adapter`` specs, in that order."""
+
+    def __init__(
+        self, workdir: Path, adapters: list[str], tag: str = "", bin_dir: Path = BIN
+    ) -> None:
+        super().__init__(workdir, adapters[0], tag=tag, bin_dir=bin_dir)
+        self.adapters = adapters
+
+    def start(self) -> MultiAdapterServer:
+        argv = [
+            *(str(self.bin_dir / "lmcache"), "server", "--host", "localhost"),
+            *("--port", str(self.port), "--http-port", str(self.http_port)),
+            *("--l1-size-gb", str(self.l1_size_gb), "--eviction-policy", "LRU"),
+            *("--chunk-size", "256", "--supported-transfer-mode", "auto"),
+        ]
+        for spec in self.adapters:
+            argv += ["--l2-adapter", spec]
+        self.spawn(argv, env=ENV)
+        wait_until(lambda: self.healthy() or not self.alive, 120, "lmcache server health")
+        assert self.alive, f"lmcache server exited:\n{self.log()[-4000:]}"
+        return self
+
+
+class RedisServer(Process):
+    """A redis-server (or valkey-server) of its own on a free port, nothing saved to disk."""
+
+    def __init__(self, workdir: Path, binary: str) -> None:
+        super().__init__("redis", workdir / "redis.log")
+        self.binary = binary
+        self.port = free_port()
+
+    def start(self) -> RedisServer:
+        self.spawn(
+            [
+                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.log_path.parent)),
+            ]
+        )
+        wait_until(lambda: self.ping() or not self.alive, 30, "redis to answer PING")
+        assert self.alive, f"redis exited:\n{self.log()}"
+        return self
+
+    def ping(self) -> bool:
+        try:
+            return self.command("PING") == "PONG"
+        except OSError:
+            return False
+
+    def command(self, *words: str) -> str:
+        """One command in RESP; the reply's first line without its type byte."""
+        request = f"*{len(words)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in words)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as connection:
+            connection.sendall(request.encode())
+            reply = connection.makefile("rb").readline().decode().rstrip("\r\n")
+        return reply[1:]
+
+    def spec(self) -> str:
+        """LMCache's `resp` L2 adapter for this server (its C++ Redis client, in the wheel)."""
+        return json.dumps(
+            {"type": "resp", "host": "127.0.0.1", "port": self.port, "num_workers": 2}
+        )

@@ -81,6 +81,11 @@ def l2_loaded_chunks(http_url: str) -> int:
     return int(sum(float(v) for v in re.findall(pattern, text, re.M)))
 
 
+def active_sessions(http_url: str) -> int:
+    with urllib.request.urlopen(f"{http_url}/status", timeout=5) as response:
+        return int(json.load(response).get("active_sessions", 0))
+
+
 def wait_for(what: str, timeout_s: float, poll: Any) -> Any:
     """Call ``poll`` until it returns something other than None, within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -140,7 +145,12 @@ class Client:
         self.scheduler.cleanup_lookup_result(request_id)
         self.scheduler.end_session(request_id)
 
-    def close(self) -> None:
+    def close(self, http_url: str | None) -> None:
+        if http_url is not None:  # END_SESSION is not answered: let the server handle it
+            # before the worker unregisters, or its handler fails to find the model's layout.
+            deadline = time.monotonic() + 5
+            while active_sessions(http_url) and time.monotonic() < deadline:
+                time.sleep(0.02)
         self.worker.shutdown()
         self.scheduler.shutdown()
         self.context.destroy(linger=0)
@@ -148,13 +158,13 @@ class Client:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     client = Client(f"tcp://{args.host}:{args.port}", args.timeout, args.cache_salt)
+    http = f"http://{args.host}:{args.http_port}" if args.http_port else None
     try:
         count = args.chunks * client.chunk_tokens
         blocks = count // BLOCK_SIZE
         tokens = tokens_for(args.seed, count)
         expected = kv_for(args.seed, blocks)
         request_id = f"compat-{args.action}-{args.seed}-{os.getpid()}"
-        http = f"http://{args.host}:{args.http_port}" if args.http_port else None
         result: dict[str, Any] = {"action": args.action, "tokens": count, "seed": args.seed}
         if args.action == "store":
             client.worker.register_kv_caches(expected)
@@ -206,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["ok"] = hit == count and not errors and result["identical_to_fp8"] and tier_ok
         return result
     finally:
-        client.close()
+        client.close(http)
 
 
 def main() -> int:
