@@ -186,3 +186,25 @@ class RedisServer(Process):
         return json.dumps(
             {"type": "resp", "host": "127.0.0.1", "port": self.port, "num_workers": 2}
         )
+
+
+class TwoAdaptersServer(LMCacheServer):
+    """``lmcache server`` as configs/two-adapters.sh launches it: our adapter and LMCache's
+    `resp` adapter for the Redis at ``redis_port``."""
+
+    def __init__(
+        self, workdir: Path, socket_path: Path, redis_port: int, *flags: str, tag: str = ""
+    ) -> None:
+        super().__init__(workdir, "", tag=tag)
+        self.script_args = [
+            *("--port", str(self.port), "--http-port", str(self.http_port)),
+            *("--l1-size-gb", str(self.l1_size_gb), "--socket", str(socket_path)),
+            *("--redis-port", str(redis_port), "--redis-workers", "2", *flags),
+        ]
+
+    def start(self) -> TwoAdaptersServer:
+        env = {**ENV, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.spawn([str(ROOT / "configs" / "two-adapters.sh"), *self.script_args], env=env)
+        wait_until(lambda: self.healthy() or not self.alive, 120, "lmcache server health")
+        assert self.alive, f"lmcache server exited:\n{self.log()[-4000:]}"
+        return self

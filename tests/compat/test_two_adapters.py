@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.support import MultiAdapterServer, RedisServer, client, metric
+from tests.compat.support import RedisServer, TwoAdaptersServer, client, metric
 from tests.support import BIN, Gateway, wait_until
 
 REDIS = shutil.which("redis-server") or shutil.which("valkey-server")
@@ -43,26 +43,26 @@ def redis(workdir: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def server(workdir: Path, gateway: Gateway, redis: RedisServer) -> Iterator[MultiAdapterServer]:
-    made = MultiAdapterServer(workdir, [gateway.l2_adapter_json(), redis.spec()])
+def server(workdir: Path, gateway: Gateway, redis: RedisServer) -> Iterator[TwoAdaptersServer]:
+    made = TwoAdaptersServer(workdir, gateway.socket_path, redis.port)
     try:
         yield made.start()
     finally:
         made.kill()
 
 
-def loads_by_adapter(server: MultiAdapterServer) -> dict[str, float]:
+def loads_by_adapter(server: TwoAdaptersServer) -> dict[str, float]:
     return metric(server, "lmcache_mp_l2_load_completed_requests_total")
 
 
-def check_from_l2(server: MultiAdapterServer) -> None:
+def check_from_l2(server: TwoAdaptersServer) -> None:
     server.clear_l1()
     code, report = client(BIN, server, "check", 1, "--chunks", str(CHUNKS), "--expect-tier", "l2")
     assert code == 0, report
 
 
 def test_stores_reach_both_and_either_adapter_restores(
-    gateway: Gateway, redis: RedisServer, server: MultiAdapterServer
+    gateway: Gateway, redis: RedisServer, server: TwoAdaptersServer
 ) -> None:
     assert client(BIN, server, "store", 1, "--chunks", str(CHUNKS))[0] == 0
     wait_until(server.l2_settled, 60, "the L2 stores to finish")
