@@ -1,11 +1,12 @@
-"""A client's L1 segment, mapped by the gateway for zero-copy ops.
+"""A client's L1 segment, mapped read-only by the gateway for zero-copy stores.
 
 ``lmcache server --shm-name NAME`` keeps LMCache's L1 in the shared-memory file
-``/dev/shm/lmcache_l1_pool_NAME``. The plugin sends that file's fd with its hello; the gateway
-maps it and then moves a zero-copy op's bytes with O_DIRECT straight between the disk and those
-pages. The gateway never reads or writes L1 with the CPU: the kernel does, inside ``preadv`` and
-``pwritev``, so a client that shrinks its segment gets EFAULT (a failed op), not a gateway killed
-by SIGBUS. Payload checksums are the plugin's work for the same reason (docs/design.md).
+``/dev/shm/lmcache_l1_pool_NAME``. The plugin sends a read-only fd of that file with its hello;
+the gateway maps it read-only and writes a zero-copy store with O_DIRECT straight from those
+pages to the disk. So the gateway cannot write L1 at all, and it never reads L1 with the CPU
+either: only the kernel does, inside ``pwritev``, so a client that shrinks its segment gets
+EFAULT (a failed store), not a gateway killed by SIGBUS. Payload checksums are the plugin's work
+for the same reason (docs/design.md, "Zero-copy stores").
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ class L1Segment:
                 "a non-zero multiple of 4 KiB"
             )
         try:
-            self._mapping = mmap.mmap(fd, claimed_bytes)
+            self._mapping = mmap.mmap(fd, claimed_bytes, prot=mmap.PROT_READ)
         except OSError as exc:
             raise ProtocolError(f"the L1 segment cannot be mapped: {exc.strerror}") from exc
         self._memory = memoryview(self._mapping)
         self.size = claimed_bytes
 
     def pages(self, offset: int, nbytes: int) -> memoryview:
-        """The whole pages holding ``nbytes`` at ``offset``, for O_DIRECT I/O only."""
+        """The whole pages holding ``nbytes`` at ``offset``, for O_DIRECT writes only."""
         end = offset + align_up(nbytes)
         if offset % PAGE_BYTES or nbytes <= 0 or end > self.size:
             raise ProtocolError(

@@ -26,7 +26,7 @@ import msgpack
 from gateway.errors import HandshakeRefused, ProtocolError
 from gateway.ring.layout import align_up
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64

@@ -9,9 +9,10 @@ the I/O threads run its loads, stores and deletes and call ``complete``. The map
 until the last I/O thread has released its views of it, so a dead client never pulls memory out
 from under an in-flight read or write.
 
-Zero-copy ops (``FLAG_L1``) touch the client's L1 pages only inside ``_touching_l1``: the slot's
-fence word names the op from before the start-lease check until the I/O is over, and the session
-closes its socket only once no op is inside (docs/design.md, "The zero-copy fence").
+Zero-copy stores (``FLAG_L1``) read the client's L1 pages, through the kernel only (``pwritev``),
+inside ``_reading_l1``; the session closes its socket only once no store is inside, so a client
+that sees EOF knows the gateway has let go of its L1 (docs/design.md, "Zero-copy stores"). The
+gateway never writes L1: every load lands in the window.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from gateway.protocol import (
     Welcome,
     checksums_at,
     decode_keys,
-    pack_checksums,
     unpack_checksums,
 )
 from gateway.ring.layout import (
@@ -55,9 +55,6 @@ from gateway.units import format_size
 
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
-# A zero-copy op may start touching L1 only this long before its deadline; the plugin decides
-# at the deadline itself, so a fence word written before the check is long visible by then.
-L1_START_MARGIN_NS = 50_000_000
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
 # What an I/O task reports: status, per-key result bytes in the arena, the object's length.
 _Outcome = tuple[Status, int, int]
@@ -87,10 +84,9 @@ class Session:
         self._memfd, mapping = create_shared(layout)
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
-        self._fences = layout.fences(self._memory)
         self._l1 = l1
-        self._l1_busy = 0  # ops inside _touching_l1; under _idle
-        self._l1_closed = False  # no op enters _touching_l1 any more; under _idle
+        self._l1_busy = 0  # stores inside _reading_l1; under _idle
+        self._l1_closed = False  # no store enters _reading_l1 any more; under _idle
         self._idle = threading.Condition()
         self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._completed = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -140,7 +136,7 @@ class Session:
                 return
             self._closed = True
         self._scheduler.drop_session(self.session_id)
-        with self._idle:  # the client may reuse its L1 buffers once it sees the socket close
+        with self._idle:  # EOF tells the client the gateway has let go of its L1
             self._l1_closed = True
             self._idle.wait_for(lambda: self._l1_busy == 0)
         self._sock.close()
@@ -217,9 +213,7 @@ class Session:
     def _check(self, submission: Submission) -> Op:
         if submission.op not in Op.__members__.values():
             raise ProtocolError(f"unknown op code {submission.op}")
-        if submission.flags & ~FLAG_L1 or (
-            submission.flags and submission.op not in (Op.GET, Op.SET)
-        ):
+        if submission.flags & ~FLAG_L1 or (submission.flags and submission.op != Op.SET):
             raise ProtocolError(f"flags {submission.flags:#x} are not valid for op {submission.op}")
         if submission.slot >= self._layout.slots:
             raise ProtocolError(f"slot {submission.slot} is out of range")
@@ -239,29 +233,20 @@ class Session:
         key, length = keys[0], submission.data_bytes
         zero_copy = bool(submission.flags & FLAG_L1)
         extent = self._l1_pages(submission) if zero_copy else self._window_extent(submission)
-        checksums_at = self._checksums_at(submission) if zero_copy else 0
 
         def load() -> _Outcome:
-            if zero_copy:  # the plugin verifies the payload against these checksums
-                checksums = self._store.get_unverified(self.tenant, key, extent, length)
-                found, result_bytes = checksums is not None, 0
-                if checksums is not None:
-                    answer = pack_checksums(checksums)
-                    arena[: len(answer)] = answer
-                    result_bytes = len(answer)
-            else:
-                found, result_bytes = self._store.get(self.tenant, key, extent, length), 0
+            found = self._store.get(self.tenant, key, extent, length)
             self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
-            return (Status.OK if found else Status.MISS), result_bytes, length
+            return (Status.OK if found else Status.MISS), 0, length
 
         if op == Op.GET:
             databases = self._store.databases_holding(self.tenant, keys)
-            self._queue(submission, length, load, databases, touches_l1=zero_copy)
+            self._queue(submission, length, load, databases)
             return
         checksums = None
         if zero_copy:  # read now: the arena is the client's to scribble on
             count = self._store.fragment_count(length)
-            checksums = unpack_checksums(arena, count, checksums_at)
+            checksums = unpack_checksums(arena, count, self._checksums_at(submission))
 
         def store() -> _Outcome:
             self._store.put(self.tenant, key, extent, length, checksums)
@@ -269,7 +254,7 @@ class Session:
             return Status.OK, 0, 0
 
         databases = self._store.databases_to_store(self.tenant, key, length)
-        self._queue(submission, length, store, databases, touches_l1=zero_copy)
+        self._queue(submission, length, store, databases, reads_l1=zero_copy)
 
     def _window_extent(self, submission: Submission) -> memoryview:
         start = submission.data_offset
@@ -282,8 +267,14 @@ class Session:
         return self._window[start:end]
 
     def _l1_pages(self, submission: Submission) -> memoryview:
+        """A zero-copy store's pages in L1: whole pages only, so no byte of L1 beyond the
+        object ever reaches the disk."""
         if self._l1 is None:
-            raise ProtocolError("a zero-copy op on a session without an L1 segment")
+            raise ProtocolError("a zero-copy store on a session without an L1 segment")
+        if submission.data_bytes % PAGE_BYTES:
+            raise ProtocolError(
+                f"a zero-copy store of {submission.data_bytes} bytes, not whole pages"
+            )
         if submission.data_bytes > self._layout.window_bytes:
             raise ProtocolError(
                 f"an object of {submission.data_bytes} bytes exceeds the session's "
@@ -293,9 +284,9 @@ class Session:
         return self._l1.pages(submission.data_offset, submission.data_bytes)
 
     def _checksums_at(self, submission: Submission) -> int:
-        """Where a zero-copy op's checksums lie in its arena: after a store's keys, at the
-        start for a load's answer. Raises ProtocolError when they would not fit."""
-        at = checksums_at(submission.request_bytes) if submission.op == Op.SET else 0
+        """Where a zero-copy store's checksums lie in its arena: after its keys. Raises
+        ProtocolError when they would not fit."""
+        at = checksums_at(submission.request_bytes)
         count = self._store.fragment_count(submission.data_bytes)
         if at + count * CHECKSUM_BYTES > self._layout.arena_bytes:
             raise ProtocolError(
@@ -309,18 +300,18 @@ class Session:
         data_bytes: int,
         work: Callable[[], _Outcome],
         databases: frozenset[int],
-        touches_l1: bool = False,
+        reads_l1: bool = False,
     ) -> None:
         def run() -> None:
             if time.monotonic_ns() > submission.deadline_ns:
                 self.complete(submission, Status.EXPIRED)
                 return
-            if not touches_l1:
+            if not reads_l1:
                 self.complete(submission, *self._attempt(submission, work))
                 return
-            with self._touching_l1(submission) as allowed:
+            with self._reading_l1() as allowed:
                 outcome = self._attempt(submission, work) if allowed else (Status.EXPIRED, 0, 0)
-            self.complete(submission, *outcome)  # after the fence is down
+            self.complete(submission, *outcome)
 
         task = Task(
             _PRIORITY[Op(submission.op)],
@@ -342,21 +333,18 @@ class Session:
             return Status.FAILED, 0, 0
 
     @contextlib.contextmanager
-    def _touching_l1(self, submission: Submission) -> Iterator[bool]:
-        """Raise the slot's fence, then yield whether the op may still start: its start lease
-        runs out ``L1_START_MARGIN_NS`` before its deadline, and no op starts once the session
-        is closing. Lower the fence after."""
+    def _reading_l1(self) -> Iterator[bool]:
+        """Count a zero-copy store in while the kernel reads its L1 pages; yield False (do not
+        start) once the session is closing, because its client may already see EOF."""
         with self._idle:
-            closing = self._l1_closed  # then the socket may be closed: the client let go of L1
+            closing = self._l1_closed
             self._l1_busy += not closing
         if closing:
             yield False
             return
-        self._fences[submission.slot] = max(submission.op_id, 1)
         try:
-            yield time.monotonic_ns() < submission.deadline_ns - L1_START_MARGIN_NS
+            yield True
         finally:
-            self._fences[submission.slot] = 0
             with self._idle:
                 self._l1_busy -= 1
                 self._idle.notify_all()
@@ -375,7 +363,7 @@ def _describe(counts: dict[str, int]) -> str:
         f"{format_size(counts.get('bytes_loaded', 0))}), {counts.get('stores', 0)} stores "
         f"({format_size(counts.get('bytes_stored', 0))}), {counts.get('keys_looked_up', 0)} keys "
         f"looked up ({counts.get('keys_found', 0)} found), {counts.get('zero_copy', 0)} "
-        f"of the loads and stores zero-copy; {counts.get('refused', 0)} ops refused (backlog "
+        f"of the stores zero-copy; {counts.get('refused', 0)} ops refused (backlog "
         f"over its bound), {counts.get('expired', 0)} expired, {counts.get('failed', 0)} failed"
     )
 

@@ -25,14 +25,19 @@ class CompletionQueue:
         item = (int(future_id), bool(ok), str(error), [bool(b) for b in per_key])
         with self._lock:
             self._items.append(item)
-        os.eventfd_write(self.fd, 1)
+            if self.fd >= 0:
+                os.eventfd_write(self.fd, 1)
 
     def drain(self) -> list[Completion]:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.fd)
+        """Every completion queued so far; after ``close``, those reported while closing."""
         with self._lock:
+            if self.fd >= 0:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self.fd)
             items, self._items = self._items, []
         return items
 
     def close(self) -> None:
-        os.close(self.fd)
+        with self._lock:
+            fd, self.fd = self.fd, -1
+        os.close(fd)

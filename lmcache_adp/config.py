@@ -1,6 +1,6 @@
 """The plugin's ``adapter_params``, checked field by field.
 
-plugin_manifest.yaml documents the same fields; tests/unit/test_manifest.py keeps them in step.
+plugin_manifest.yaml documents the same fields; tests/unit/test_settings.py keeps them in step.
 """
 
 from __future__ import annotations
@@ -35,6 +35,15 @@ class ADPParams:
             "help": "every op completes (as a failure or miss) within this",
         },
     )
+    lookup_timeout_s: float = field(
+        default=1.0,
+        metadata={
+            "minimum": 0.001,
+            "help": "every lookup (EXISTS) completes within this; the gateway answers lookups "
+            "from memory in microseconds, so one that takes longer finds it hung, and its keys "
+            "are misses rather than a stalled vLLM request",
+        },
+    )
     reconnect_interval_s: float = field(
         default=1.0,
         metadata={
@@ -45,15 +54,17 @@ class ADPParams:
     zero_copy: bool = field(
         default=True,
         metadata={
-            "help": "when LMCache's L1 is shared memory (lmcache server --shm-name), move "
-            "objects between the disk and L1 without copies"
+            "help": "when LMCache's L1 is shared memory (lmcache server --shm-name), write "
+            "stores of whole pages to the disk straight from L1 (loads always go through the "
+            "transfer window)"
         },
     )
     copy_threads: int = field(
         default=4,
         metadata={
             "minimum": 1,
-            "help": "threads that copy one large object between L1 and the transfer window",
+            "help": "threads that copy objects between L1 and the transfer window (a large "
+            "object is split over them)",
         },
     )
     pending_store_bytes_max: int = field(

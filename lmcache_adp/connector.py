@@ -2,22 +2,23 @@
 
 Contract with LMCache (shared/reference/lmcache-native-plugin.md, section 1):
 
-- ``submit_batch_*`` run under LMCache's adapter lock: they only enqueue and return a future id.
+- ``submit_batch_*`` run under LMCache's adapter lock: they append to a bounded inbox, ring a
+  doorbell and return a future id; they never block or wait. A full inbox fails the new batch
+  at once.
 - Every future completes exactly once, as ``(future_id, ok, error, per_key_bools)`` with one bool
-  per key, within ``op_timeout_s`` whatever the gateway does (alive, dead, hung, restarting).
-- Buffers (L1 memory) are touched only until their future is reported (invariant 4). On the
-  copy path only this plugin's I/O thread touches them: a store's bytes are copied into the
-  transfer window when it is submitted to the gateway, a load's bytes are copied out of the
-  window when the gateway has verified them. An expired future is reported first and its late
-  gateway completion then only frees the window.
-- Zero-copy: when L1 is LMCache's shared-memory segment (``lmcache server --shm-name``), the
-  gateway moves a buffer's bytes between the disk and L1 itself, and the plugin computes (store)
-  or verifies (load) the payload checksums. Such an op is reported at its deadline only when its
-  slot's fence shows the gateway is not inside it, and the gateway starts no op within
-  ``L1_START_MARGIN_NS`` of its deadline; so an op the gateway is moving when its deadline
-  passes is reported when that move ends (docs/design.md, "The zero-copy fence").
+  per key, within its deadline whatever the gateway does (alive, dead, hung, restarting):
+  ``lookup_timeout_s`` for EXISTS, ``op_timeout_s`` for the rest, plus at most the memcpy of
+  the slices then in progress on its buffers (lmcache_adp/batch.py).
+- Lookups never wait behind loads or stores, and loads never wait behind stores, on the one
+  session an LMCache server has (lmcache_adp/lanes.py).
+- L1 buffers are written only by this plugin's copy threads (a load lands in the transfer window
+  and is copied into L1 once verified), and only before the batch is reported (invariant 4).
+  When LMCache's L1 is shared memory (``lmcache server --shm-name``), a store of whole pages is
+  written to the disk straight from L1: the gateway only reads those pages, and the plugin's
+  checksums (computed before the store is posted) make a late read of a reused buffer a miss.
 - When the gateway is down, every op completes at once as a failure or a miss, and a background
-  thread keeps trying to connect; LMCache keeps serving from L1 meanwhile.
+  thread keeps trying to connect; LMCache keeps serving from L1 meanwhile. The constructor waits
+  at most ``CONNECT_WAIT_S`` for the first handshake, so LMCache's start-up is never held up.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from gateway.errors import GatewayError, HandshakeRefused
 from gateway.protocol import Hello, Op
 from gateway.tenants import read_token
 from lmcache_adp import config, l1
-from lmcache_adp.ioloop import Batch, IOLoop, Shared
+from lmcache_adp.batch import Batch
+from lmcache_adp.ioloop import IOLoop, Shared
 from lmcache_adp.link import GatewayLink
+from lmcache_adp.logs import log
 
-log = logging.getLogger("lmcache_adp")
 HANDSHAKE_TIMEOUT_S = 2.0
+CONNECT_WAIT_S = 0.5  # the most the constructor waits for a first handshake
 
 
 class ADPConnector:
@@ -50,13 +53,11 @@ class ADPConnector:
             token=read_token(token_file) if token_file else None,
             client=f"lmcache pid {os.getpid()}",
         )
-        self._refusal = ""  # the gateway's last refusal, logged once rather than at every retry
+        self._state = ""  # the link's last reported state, logged once per change
         self._shared = Shared(self._params)
         self._future_ids = itertools.count(1)
-        # A gateway that is up serves the very first op; one that is not costs one refused
-        # connect here, and the plugin starts anyway (connecting in the background).
-        if not self._try_connect():
-            self._shared.want_link.set()
+        self._first_attempt = threading.Event()
+        self._shared.want_link.set()
         self._io = IOLoop(self._shared)
         self._threads = [
             threading.Thread(target=self._io.run, name="adp-io", daemon=True),
@@ -64,6 +65,9 @@ class ADPConnector:
         ]
         for thread in self._threads:
             thread.start()
+        # A gateway that is up serves the very first op; one that is down or hung costs LMCache's
+        # start-up at most CONNECT_WAIT_S, and the plugin goes on connecting in the background.
+        self._first_attempt.wait(CONNECT_WAIT_S)
 
     # The native_plugin surface -------------------------------------------------------------
 
@@ -95,6 +99,9 @@ class ADPConnector:
         return self._shared.completions.drain()
 
     def close(self) -> None:
+        """Return once no thread of this plugin touches an L1 buffer any more, every future
+        is reported, and the gateway has let go of L1 (or one op timeout has passed: it only
+        ever reads L1)."""
         self._shared.stopping.set()
         self._shared.want_link.set()
         self._shared.wake_io()
@@ -111,13 +118,15 @@ class ADPConnector:
     def _submit(self, op: Op, keys: list[str], memviews: list[memoryview] | None) -> int:
         future_id = next(self._future_ids)
         keys = [str(k) for k in keys]
-        deadline_ns = time.monotonic_ns() + int(self._params.op_timeout_s * 1e9)
+        timeout_s = self._params.lookup_timeout_s if op == Op.EXISTS else self._params.op_timeout_s
+        deadline_ns = time.monotonic_ns() + int(timeout_s * 1e9)
         buffers = None if memviews is None else [m.cast("B") for m in memviews]
-        batch = Batch(future_id, op, keys, buffers, deadline_ns, [False] * len(keys))
-        if (buffers is not None and len(buffers) != len(keys)) or self._shared.stopping.is_set():
-            self._shared.completions.push(future_id, False, "bad batch or closed", batch.results)
+        batch = Batch(future_id, op, keys, buffers, deadline_ns)
+        malformed = buffers is not None and len(buffers) != len(keys)
+        if malformed or self._shared.stopping.is_set() or not self._shared.inbox.put(batch):
+            why = "bad batch" if malformed else "closed or too many ops waiting"
+            self._shared.completions.push(future_id, False, why, batch.results)
             return future_id
-        self._shared.incoming.append(batch)
         self._shared.wake_io()
         return future_id
 
@@ -125,39 +134,48 @@ class ADPConnector:
         while not self._shared.stopping.is_set():
             self._shared.want_link.wait()
             if self._shared.stopping.is_set():
-                return
-            if not self._try_connect():
+                break
+            connected = self._try_connect()
+            self._first_attempt.set()
+            if not connected:
                 self._shared.stopping.wait(self._params.reconnect_interval_s)
+        self._first_attempt.set()
 
     def _try_connect(self) -> bool:
         """One handshake; on success the I/O thread picks the link up at its next step."""
         segment = l1.find() if self._params.zero_copy else None
+        path = self._params.socket_path
         try:
-            link = GatewayLink.connect(
-                self._params.socket_path, self._hello, HANDSHAKE_TIMEOUT_S, segment
-            )
+            link = GatewayLink.connect(path, self._hello, HANDSHAKE_TIMEOUT_S, segment)
         except HandshakeRefused as exc:
-            if str(exc) != self._refusal:
-                self._refusal = str(exc)
-                log.error(
-                    "the gateway at %s refused tenant %r: %s (retrying every %.1f s)",
-                    self._params.socket_path,
-                    self._params.tenant,
-                    exc,
-                    self._params.reconnect_interval_s,
-                )
+            self._report_state(
+                "refused",
+                logging.ERROR,
+                f"the gateway at {path} refused tenant {self._params.tenant!r}: {exc}",
+            )
             return False
         except (OSError, GatewayError) as exc:
-            log.debug("gateway at %s not reachable: %s", self._params.socket_path, exc)
+            self._report_state(
+                "unreachable",
+                logging.WARNING,
+                f"cannot reach the gateway at {path} ({exc}); L2 ops fail and LMCache serves "
+                "from L1 until it is reachable: start `adp-gateway serve --socket "
+                f"{path}`, or set the adapter's socket_path to the gateway's --socket",
+            )
             return False
-        self._refusal = ""
-        log.info(
-            "connected to the gateway at %s (session %d, %s)",
-            self._params.socket_path,
-            link.welcome.session_id,
-            "zero-copy to L1" if link.l1 is not None else "copy path",
+        self._report_state(
+            "connected",
+            logging.INFO,
+            f"connected to the gateway at {path} (session {link.welcome.session_id}, "
+            f"{'zero-copy stores from L1' if link.l1 is not None else 'copy path'})",
         )
         self._shared.want_link.clear()
         self._shared.new_links.append(link)
         self._shared.wake_io()
         return True
+
+    def _report_state(self, state: str, level: int, message: str) -> None:
+        """Log the link's state once per change, not at every retry."""
+        if state != self._state or state == "connected":
+            self._state = state
+            log.log(level, message)

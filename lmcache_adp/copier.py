@@ -1,47 +1,121 @@
-"""Copies between LMCache's L1 buffers and the session's transfer window (the copy path).
+"""Work on LMCache's L1 buffers, off the thread that drives the link: copies between L1 and the
+session's transfer window, and a zero-copy store's payload checksums.
 
-One memcpy, or for a large object slices on several threads at once: numpy releases the GIL
-while it copies, so the slices run in parallel.
+Each job runs on a small pool of threads and ends by calling ``done`` (on a pool thread). A large
+copy is split into slices that run on several threads at once: numpy releases the GIL while it
+copies (and xxhash while it hashes), so a 32 MiB copy keeps neither the link's thread nor
+LMCache's own threads waiting. A slice never waits for another, so the pool cannot deadlock.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from gateway import fragmenter
+from gateway.checksum import checksum
 from gateway.ring.layout import PAGE_BYTES, align_up
+from lmcache_adp.logs import log
 
-COPY_SLICE_BYTES_MIN = 8 * 2**20  # a copy is split over threads in slices of at least this
+COPY_SLICE_BYTES_MIN = 4 * 2**20  # a copy is split over threads in slices of at least this
+FAILED = object()  # what a part that raised leaves in its latch
+
+
+def _always() -> bool:
+    return True
 
 
 class Copier:
-    """Copies between L1 and the transfer window: one memcpy, or for a large object slices on
-    several threads at once (numpy releases the GIL while it copies)."""
-
     def __init__(self, threads: int) -> None:
         self._threads = threads
-        self._pool = ThreadPoolExecutor(threads - 1, "adp-copy") if threads > 1 else None
+        self._pool = ThreadPoolExecutor(threads, "adp-copy")
 
-    def copy(self, destination: memoryview, source: memoryview) -> None:
-        parts = min(self._threads, source.nbytes // COPY_SLICE_BYTES_MIN)
-        if self._pool is None or parts <= 1:
-            copy(destination, source)
-            return
-        step = align_up(-(-source.nbytes // parts), PAGE_BYTES)
-        futures = [
-            self._pool.submit(copy, destination[at : at + step], source[at : at + step])
-            for at in range(step, source.nbytes, step)
-        ]
-        copy(destination[:step], source[:step])
-        for future in futures:
-            future.result()
+    def copy(
+        self,
+        destination: memoryview,
+        source: memoryview,
+        done: Callable[[bool], None],
+        wanted: Callable[[], bool] = _always,
+    ) -> None:
+        """Copy ``source`` into ``destination`` (same length), then ``done(ok)``. A slice
+        starts only while ``wanted()``; one that does not start fails the copy."""
+        parts = max(1, min(self._threads, source.nbytes // COPY_SLICE_BYTES_MIN))
+        step = align_up(-(-source.nbytes // parts), PAGE_BYTES) if parts > 1 else source.nbytes
+        starts = range(0, max(source.nbytes, 1), max(step, 1))
+        latch = _Latch(len(starts), lambda values: done(FAILED not in values))
+        for at in starts:
+            self._submit(latch, wanted, _copy, destination[at : at + step], source[at : at + step])
+
+    def checksums(
+        self,
+        buffer: memoryview,
+        fragment_bytes: int,
+        done: Callable[[list[int] | None], None],
+        wanted: Callable[[], bool] = _always,
+    ) -> None:
+        """The payload checksum of each fragment the gateway stores ``buffer`` as, then
+        ``done(checksums)``; None if one failed or did not start (``wanted``, as for copies)."""
+        plan = fragmenter.plan(buffer.nbytes, fragment_bytes, 1, 0)
+
+        def finished(values: list[object]) -> None:
+            done(None if FAILED in values else [v for v in values if isinstance(v, int)])
+
+        latch = _Latch(len(plan), finished)
+        for f in plan:
+            self._submit(latch, wanted, checksum, buffer[f.offset : f.offset + f.length])
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        """Wait for every job, queued or running (their ``done`` calls included)."""
+        self._pool.shutdown(wait=True)
+
+    def _submit(
+        self,
+        latch: _Latch,
+        wanted: Callable[[], bool],
+        work: Callable[..., object],
+        *args: memoryview,
+    ) -> None:
+        index = latch.take()
+
+        def run() -> None:
+            value: object = FAILED
+            try:
+                if wanted():
+                    value = work(*args)
+            except Exception:  # reported as a failed job, never lost
+                log.exception("a copy or checksum in the plugin failed")
+            latch.arrive(index, value)
+
+        self._pool.submit(run)
 
 
-def copy(destination: memoryview, source: memoryview) -> None:
+class _Latch:
+    """Collects the results of ``count`` parts and calls ``done`` with them once, from the
+    thread of the last part to finish."""
+
+    def __init__(self, count: int, done: Callable[[list[object]], None]) -> None:
+        self._values: list[object] = [None] * count
+        self._left = count
+        self._taken = 0
+        self._lock = threading.Lock()
+        self._done = done
+
+    def take(self) -> int:
+        self._taken += 1
+        return self._taken - 1
+
+    def arrive(self, index: int, value: object) -> None:
+        with self._lock:
+            self._values[index] = value
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._done(self._values)
+
+
+def _copy(destination: memoryview, source: memoryview) -> None:
     """One memcpy with the GIL released (numpy does so for large copies)."""
     np.copyto(np.frombuffer(destination, np.uint8), np.frombuffer(source, np.uint8))

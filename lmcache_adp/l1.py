@@ -8,15 +8,14 @@ hello, and from then on a buffer inside the mapping travels as an offset into th
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from gateway.ring.layout import PAGE_BYTES
+from lmcache_adp.logs import log
 
-log = logging.getLogger("lmcache_adp")
 SEGMENT_PREFIX = "/dev/shm/lmcache_l1_pool_"
 
 
@@ -38,8 +37,8 @@ class L1Map:
         return offset
 
     def open(self) -> int:
-        """A new fd of the segment, to hand to the gateway."""
-        return os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        """A new read-only fd of the segment, to hand to the gateway: it only ever reads L1."""
+        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def find(maps_path: str = "/proc/self/maps") -> L1Map | None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
+import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +31,7 @@ from gateway.ring.layout import (
     Completion,
     RingLayout,
     Submission,
+    align_up,
     map_shared,
 )
 from gateway.ring.queue import completion_consumer, submission_producer
@@ -35,7 +39,7 @@ from lmcache_adp.l1 import L1Map
 from lmcache_adp.window import WindowAllocator
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     """One ring op: a single object (GET/SET) or a run of keys (EXISTS/DELETE)."""
 
@@ -44,10 +48,12 @@ class Request:
     first: int  # index in its batch of keys[0]
     batch: Any  # the connector's batch this request belongs to
     data_bytes: int = 0
+    payload: bytes = b""  # its keys, encoded for the slot's arena
     slot: int = -1
     data_offset: int = -1  # into the window; or into the L1 segment when l1_offset is set
-    l1_offset: int | None = None  # a zero-copy op: the buffer's offset in the L1 segment
-    moving: bool = False  # its fence was seen up: it settles by its completion, not its deadline
+    l1_offset: int | None = None  # a zero-copy store: the buffer's offset in the L1 segment
+    link: GatewayLink | None = None  # the link holding its slot, from reserve to release
+    prepared: tuple[bool, bytes] | None = None  # a store copied (ok, its zero-copy checksums)
 
 
 class GatewayLink:
@@ -72,11 +78,12 @@ class GatewayLink:
             if isinstance(exc, Exception) and not isinstance(exc, ProtocolError):
                 raise ProtocolError(f"the gateway's shared memory does not map: {exc}") from exc
             raise
-        self.fences = self.layout.fences(self.memory)
         self.l1: L1Map | None = None  # set by connect when the gateway took our L1 segment
         self._free_slots = list(range(welcome.slots - 1, -1, -1))
         self.allocator = WindowAllocator(welcome.window_bytes)
         self.inflight: dict[int, Request] = {}  # op_id -> request
+        self._held_slots: Counter[Op] = Counter()  # from reserve to release, by op
+        self._held_bytes: Counter[Op] = Counter()  # of the window, likewise
 
     @classmethod
     def connect(
@@ -125,18 +132,29 @@ class GatewayLink:
         except OSError:
             return False
 
-    def try_reserve(self, request: Request) -> bool:
-        """Take a slot (and a window extent for data ops); False when none is free."""
-        if not self._free_slots:
+    def try_reserve(self, request: Request, slots_max: int, window_bytes_max: int) -> bool:
+        """Take a slot (and a window extent for a GET or a SET that is not zero-copy), as long
+        as requests of its op then hold at most ``slots_max`` slots and ``window_bytes_max``
+        bytes of the window (one object always may, so no object is too large to ever go);
+        False when there is no room."""
+        op = request.op
+        if not self._free_slots or self._held_slots[op] >= slots_max:
             return False
+        data_bytes = 0
         if request.l1_offset is not None:
             request.data_offset = request.l1_offset
-        elif request.op in (Op.GET, Op.SET):
+        elif op in (Op.GET, Op.SET):
+            data_bytes = align_up(max(request.data_bytes, 1))
+            if self._held_bytes[op] and self._held_bytes[op] + data_bytes > window_bytes_max:
+                return False
             offset = self.allocator.allocate(request.data_bytes)
             if offset is None:
                 return False
             request.data_offset = offset
         request.slot = self._free_slots.pop()
+        request.link = self
+        self._held_slots[op] += 1
+        self._held_bytes[op] += data_bytes
         return True
 
     def extent(self, request: Request) -> memoryview:
@@ -144,10 +162,6 @@ class GatewayLink:
 
     def arena(self, request: Request) -> memoryview:
         return self.layout.arena(self.memory, request.slot)
-
-    def fenced(self, request: Request) -> bool:
-        """Whether the gateway may be touching this zero-copy request's L1 buffer now."""
-        return request.l1_offset is not None and self.fences[request.slot] != 0
 
     def submit(
         self, op_id: int, request: Request, payload: bytes, deadline_ns: int, extra: bytes = b""
@@ -191,10 +205,26 @@ class GatewayLink:
         return out
 
     def release(self, request: Request) -> None:
-        """Give back the request's slot and extent (only once the gateway is done with them)."""
+        """Give back the request's slot and extent (only once neither the gateway nor a copy
+        uses them any more)."""
+        assert request.link is self
+        request.link = None
         self._free_slots.append(request.slot)
+        self._held_slots[request.op] -= 1
         if request.data_offset >= 0 and request.l1_offset is None:
             self.allocator.release(request.data_offset, request.data_bytes)
+            self._held_bytes[request.op] -= align_up(max(request.data_bytes, 1))
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """After ``shutdown``: wait up to ``timeout_s`` for the gateway's EOF, which it sends
+        only once no zero-copy store of ours is reading L1; True when it came."""
+        deadline = time.monotonic() + timeout_s
+        while self.alive():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            select.select([self._sock], [], [], remaining)
+        return True
 
     def shutdown(self) -> None:
         """Tell the gateway we are gone; it closes its end once it no longer touches our L1."""

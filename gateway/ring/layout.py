@@ -5,17 +5,15 @@
     0        header: magic, version, geometry; queue counters on their own cache lines
     4096     submission queue: ``slots`` x 64-byte Submission entries (plugin -> gateway)
     ...      completion queue: ``slots`` x 32-byte Completion entries (gateway -> plugin)
-    ...      fences: ``slots`` x 8-byte words, written by the gateway only (zero-copy, below)
     ...      arenas: ``slots`` x ``arena_bytes``, one per slot: request keys in, per-key results out
     ...      transfer window: ``window_bytes``, 4 KiB aligned; object bytes in 4 KiB-aligned extents
 
 A slot is owned by one op from submit to completion, so neither queue can hold more than
 ``slots`` entries. Every counter and field a peer writes is validated by the reader.
 
-Zero-copy ops (``FLAG_L1``) move bytes between the disk and the client's own L1 segment instead
-of the window. While the gateway may touch such an op's L1 pages, its slot's fence word holds the
-op id; it is cleared before the op completes. docs/design.md ("The zero-copy fence") says why
-that, with a start lease, keeps invariant 4.
+Zero-copy stores (``FLAG_L1``) are written to the disk straight from the client's own L1 segment
+instead of the window. The gateway only ever reads L1, and only whole pages of objects that are
+whole pages long; every load lands in the window (docs/design.md, "Zero-copy stores").
 """
 
 from __future__ import annotations
@@ -30,13 +28,13 @@ from gateway.errors import ProtocolError
 
 PAGE_BYTES = 4096
 MAGIC = b"ADPRING1"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 _HEADER = struct.Struct("<8sIIIIQ")  # magic, version, slots, arena_bytes, reserved, window_bytes
 SQ_HEAD, SQ_TAIL, CQ_HEAD, CQ_TAIL = 64, 128, 192, 256  # one counter per cache line
 
 SUBMISSION = struct.Struct("<QBBHIIIQQQ16x")
 COMPLETION = struct.Struct("<QIBBHIIQ")
-FLAG_L1 = 1  # Submission.flags: data_offset is an offset into the client's L1 segment
+FLAG_L1 = 1  # Submission.flags, SET only: data_offset is an offset into the client's L1 segment
 
 
 class Submission(NamedTuple):
@@ -82,12 +80,8 @@ class RingLayout:
         return self.sq_offset + self.slots * SUBMISSION.size
 
     @property
-    def fences_offset(self) -> int:
-        return align_up(self.cq_offset + self.slots * COMPLETION.size, 64)
-
-    @property
     def arenas_offset(self) -> int:
-        return align_up(self.fences_offset + self.slots * 8)
+        return align_up(self.cq_offset + self.slots * COMPLETION.size)
 
     @property
     def window_offset(self) -> int:
@@ -103,10 +97,6 @@ class RingLayout:
 
     def window(self, buf: memoryview) -> memoryview:
         return buf[self.window_offset : self.total_bytes]
-
-    def fences(self, buf: memoryview) -> memoryview:
-        """One unsigned 64-bit word per slot; each read or write moves all 8 bytes at once."""
-        return buf[self.fences_offset : self.fences_offset + self.slots * 8].cast("Q")
 
 
 def create_shared(layout: RingLayout) -> tuple[int, mmap.mmap]:

@@ -10,7 +10,8 @@ It is ``adp-gateway serve`` with each database's device wrapped in a FaultyDevic
     {"database": 1, "delay_s": 3.0}                           every I/O first sleeps 3 s
     {"clear": true}                                           no more failures or delays
 
-It stops on SIGTERM, or when stdin closes.
+A delayed I/O is logged as ``database N: holding a read`` (or write) when it starts waiting, so
+a test can tell that the gateway is inside an op. It stops on SIGTERM, or when stdin closes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,26 @@ from gateway.backends.base import Device
 from gateway.backends.faulty import FaultyDevice
 
 log = logging.getLogger("faulty_gateway")
+
+
+class LoggedFaultyDevice(FaultyDevice):
+    """A FaultyDevice that says when a delayed I/O starts waiting."""
+
+    def __init__(self, inner: Device, database: int) -> None:
+        super().__init__(inner)
+        self.database = database
+
+    def write(self, buffers: list[memoryview], offset: int) -> None:
+        self._say("write")
+        super().write(buffers, offset)
+
+    def read(self, buffers: list[memoryview], offset: int) -> None:
+        self._say("read")
+        super().read(buffers, offset)
+
+    def _say(self, op: str) -> None:
+        if self.delay_s:
+            log.info("database %d: holding a %s for %.1f s", self.database, op, self.delay_s)
 
 
 def apply(devices: list[FaultyDevice], command: dict[str, Any]) -> None:
@@ -54,7 +75,7 @@ def main() -> int:
     devices: list[FaultyDevice] = []
 
     def wrap(device: Device) -> Device:
-        devices.append(FaultyDevice(device))
+        devices.append(LoggedFaultyDevice(device, len(devices)))
         return devices[-1]
 
     threading.Thread(target=read_commands, args=(devices,), daemon=True).start()

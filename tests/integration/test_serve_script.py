@@ -54,7 +54,7 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_cop
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert "closed: 0 loads (0 hits, 0 B), 2 stores" in text
-    assert f"found), {2 if zero_copy else 0} of the loads and stores zero-copy" in text
+    assert f"found), {2 if zero_copy else 0} of the stores zero-copy" in text
     assert text.index("Finished server process") < text.index("gateway stopped")
     result = subprocess.run(["pgrep", "-f", str(workdir / "gw.sock")], capture_output=True)
     assert result.stdout == b"", "a process of the stack is still running"

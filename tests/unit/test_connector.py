@@ -5,6 +5,7 @@ op_timeout_s whether the gateway is up, absent, killed or hung."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -221,10 +222,41 @@ def test_delete_never_raises(gateway: Gateway, connect: Callable[..., ADPConnect
     assert item[1] is False
 
 
-def test_close_joins_and_completes_pending_ops(gateway: Gateway) -> None:
+def test_close_reports_every_op_once_and_stops_every_thread(gateway: Gateway) -> None:
     connector = ADPConnector(**gateway.adapter_params())
     connected(connector)
-    fid = connector.submit_batch_set(["q"], views(objects(1, 2**20)))
+    data = objects(4, 2**20)
+    futures = [connector.submit_batch_set([f"q{i}"], views([d])) for i, d in enumerate(data)]
+    futures.append(connector.submit_batch_exists(["q0", "q9"]))
     connector.close()
-    assert connector._io._link is None
-    assert fid > 0
+    reported = connector.drain_completions()
+    assert sorted(item[0] for item in reported) == sorted(futures)
+    for item in reported:
+        check_shape(item, int(item[0]), 2 if item[0] == futures[-1] else 1)  # type: ignore[call-overload]
+    assert not [t for t in threading.enumerate() if t.name.startswith("adp-")]
+    # A submit after close completes at once, as a failure.
+    future_id = connector.submit_batch_exists(["q0"])
+    [(reported_id, ok, _, per_key)] = connector.drain_completions()
+    assert (reported_id, ok, per_key) == (future_id, False, [False])
+
+
+def test_start_up_is_never_held_up_by_a_missing_or_stopped_gateway(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    absent = make_gateway()
+    started = time.monotonic()
+    ADPConnector(**absent.adapter_params()).close()
+    assert time.monotonic() - started < 1.0
+
+    stopped = make_gateway(socket_path=absent.socket_path.with_name("stopped.sock")).start()
+    stopped.send_signal(signal.SIGSTOP)  # it accepts connections but never answers
+    try:
+        started = time.monotonic()
+        connector = ADPConnector(**stopped.adapter_params())
+        assert time.monotonic() - started < 1.0
+        item = wait_for_future(connector, connector.submit_batch_exists(["k"]), timeout_s=10)
+        assert item[3] == [False]
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    connected(connector)  # and it connects once the gateway answers
+    connector.close()

@@ -1,5 +1,6 @@
-"""Goal: the plugin's window allocator never hands out overlapping extents, and its completion
-queue resets the event fd in drain without ever losing a wakeup."""
+"""Goal: the plugin's window allocator never hands out overlapping extents, its completion queue
+resets the event fd in drain without ever losing a wakeup, its inbox refuses rather than
+blocks when full, and its copier splits large copies without losing or doubling a byte."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import random
 import select
 import threading
 
+import numpy as np
+
+from gateway.protocol import Op
+from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
+from lmcache_adp.copier import Copier
+from lmcache_adp.ioloop import Inbox
 from lmcache_adp.window import WindowAllocator
 
 
@@ -71,3 +78,41 @@ def test_no_wakeup_is_lost_under_concurrent_producers() -> None:
     assert got == total and not readable(queue.fd)
     os.close(os.dup(queue.fd))
     queue.close()
+
+
+def test_a_full_inbox_refuses_a_batch_at_once() -> None:
+    inbox = Inbox(capacity=2)
+    batches = [Batch(i, Op.EXISTS, ["k"], None, 0) for i in range(3)]
+    assert [inbox.put(b) for b in batches] == [True, True, False]
+    assert inbox.take() is batches[0]
+    assert inbox.put(batches[2])
+    assert [inbox.take(), inbox.take(), inbox.take()] == [batches[1], batches[2], None]
+
+
+def test_copies_of_every_size_arrive_whole_and_unwanted_slices_never_start() -> None:
+    copier = Copier(threads=4)
+    rng = np.random.default_rng(3)
+    results: list[tuple[int, bool]] = []
+    done = threading.Event()
+    sizes = [0, 1, 4095, 4096, 8 * 2**20 + 3, 33 * 2**20]
+    pairs = []
+    for size in sizes:
+        source = memoryview(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+        pairs.append((source, memoryview(bytearray(size))))
+    for size, (source, destination) in zip(sizes, pairs, strict=True):
+
+        def finished(ok: bool, size: int = size) -> None:
+            results.append((size, ok))
+            if len(results) == len(sizes):
+                done.set()
+
+        copier.copy(destination, source, finished)
+    assert done.wait(30)
+    assert sorted(results) == sorted((size, True) for size in sizes)
+    assert all(bytes(d) == bytes(s) for s, d in pairs)
+
+    skipped: list[bool] = []
+    untouched = memoryview(bytearray(16 * 2**20))
+    copier.copy(untouched, pairs[-1][0][: 16 * 2**20], skipped.append, wanted=lambda: False)
+    copier.close()
+    assert skipped == [False] and not any(untouched)

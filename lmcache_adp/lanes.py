@@ -1,0 +1,145 @@
+"""The plugin's lanes: what waits for the gateway, by kind, and what each kind may hold.
+
+One LMCache server is one gateway session, and its lookups, prefetch loads and write-through
+stores all arrive on it. So they wait in separate lanes, served in this order:
+
+- LOOKUP (EXISTS) needs only a slot, and no lane but its own is ever ahead of it;
+- LOAD needs a slot and window room, and goes before deletes and stores;
+- DELETE needs only a slot;
+- STORE needs a slot and window room (or none, zero-copy), and holds at most half of the
+  session's slots and half of its window, so a store backlog never leaves loads without room.
+
+A request that cannot get room blocks only its own lane, never one served before it. Admission
+is bounded: at most ``pending_ops_max`` requests wait in all lanes, and stores that would wait
+beyond ``pending_store_bytes_max`` fail at once (LMCache keeps those chunks in L1) rather than
+hold LMCache's buffers until their deadline.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from enum import IntEnum
+
+from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome, encode_keys
+from gateway.units import format_size
+from lmcache_adp.batch import Batch
+from lmcache_adp.config import ADPParams
+from lmcache_adp.link import Request
+from lmcache_adp.logs import log
+
+# Keys of an EXISTS or DELETE travel in runs of at most this many msgpack bytes, which every
+# gateway arena holds (session_arena_size is at least 64 KiB).
+RUN_BYTES_MAX = 64 * 2**10 - 16
+_KEY_OVERHEAD_BYTES = 5  # msgpack's str header
+
+
+class Lane(IntEnum):
+    """In the order the lanes are served."""
+
+    LOOKUP = 0
+    LOAD = 1
+    DELETE = 2
+    STORE = 3
+
+
+LANE_OF = {Op.EXISTS: Lane.LOOKUP, Op.GET: Lane.LOAD, Op.DELETE: Lane.DELETE, Op.SET: Lane.STORE}
+
+
+def room(lane: Lane, welcome: Welcome) -> tuple[int, int]:
+    """The slots and window bytes the requests of ``lane`` may hold at once on a session."""
+    slots, window = welcome.slots, welcome.window_bytes
+    if lane == Lane.STORE:
+        return max(1, slots // 2), window // 2
+    if lane == Lane.LOAD:
+        return max(1, slots - slots // 8), window  # an eighth of the slots stays for lookups
+    return slots, 0
+
+
+class Lanes:
+    def __init__(self, params: ADPParams) -> None:
+        self._params = params
+        self._queues: dict[Lane, deque[Request]] = {lane: deque() for lane in Lane}
+        self._waiting = 0
+        self._store_bytes = 0  # of the requests in the STORE lane
+        self._shedding = False  # logged once per burst of shed stores
+
+    def __len__(self) -> int:
+        return self._waiting
+
+    def admit(self, batch: Batch) -> bool:
+        """Queue the batch's requests; False (nothing queued) when it must fail at once."""
+        requests = list(split(batch))
+        store_bytes = sum(r.data_bytes for r in requests) if batch.op == Op.SET else 0
+        if self._waiting + len(requests) > self._params.pending_ops_max:
+            log.warning(
+                "%d ops are waiting for the gateway; failing a new %s of %d keys",
+                self._waiting,
+                batch.op.name,
+                len(batch.keys),
+            )
+            return False
+        if (
+            store_bytes
+            and self._store_bytes
+            and self._store_bytes + store_bytes > self._params.pending_store_bytes_max
+        ):
+            if not self._shedding:
+                log.warning(
+                    "stores are arriving faster than the gateway takes them; failing new ones "
+                    "while %s wait (pending_store_bytes_max)",
+                    format_size(self._store_bytes),
+                )
+            self._shedding = True
+            return False
+        batch.remaining = len(requests)
+        self._queues[LANE_OF[batch.op]].extend(requests)
+        self._waiting += len(requests)
+        self._store_bytes += store_bytes
+        return True
+
+    def head(self, lane: Lane) -> Request | None:
+        queue = self._queues[lane]
+        return queue[0] if queue else None
+
+    def pop(self, lane: Lane) -> Request:
+        request = self._queues[lane].popleft()
+        self._waiting -= 1
+        if lane == Lane.STORE:
+            self._store_bytes -= request.data_bytes
+            self._shedding = self._shedding and bool(self._store_bytes)
+        return request
+
+    def drain(self) -> Iterator[Request]:
+        """Take every waiting request, in lane order."""
+        for lane in Lane:
+            while self._queues[lane]:
+                yield self.pop(lane)
+
+
+def split(batch: Batch) -> Iterator[Request]:
+    """Ring requests for a batch: one per object, or runs of keys that fit an arena.
+
+    A key longer than the protocol allows is left out: it stays a miss (False).
+    """
+    if batch.buffers is not None:
+        for i, (key, buf) in enumerate(zip(batch.keys, batch.buffers, strict=True)):
+            if len(key.encode()) <= KEY_BYTES_MAX:
+                yield Request(batch.op, [key], i, batch, buf.nbytes, encode_keys([key]))
+        return
+    run: list[str] = []
+    run_bytes = first = 0
+    for i, key in enumerate(batch.keys):
+        key_bytes = len(key.encode()) + _KEY_OVERHEAD_BYTES
+        full = run_bytes + key_bytes > RUN_BYTES_MAX or len(run) == KEYS_PER_REQUEST_MAX
+        if run and (full or key_bytes > KEY_BYTES_MAX + _KEY_OVERHEAD_BYTES):
+            yield Request(batch.op, run, first, batch, payload=encode_keys(run))
+            run, run_bytes = [], 0
+        if key_bytes > KEY_BYTES_MAX + _KEY_OVERHEAD_BYTES:
+            continue
+        if not run:
+            first = i
+        run.append(key)
+        run_bytes += key_bytes
+    if run:
+        yield Request(batch.op, run, first, batch, payload=encode_keys(run))

@@ -1,0 +1,166 @@
+"""Goal: on the one session an LMCache server has, a lookup never waits behind loads or stores,
+and a load never waits behind stores, however the stores are held up (a full transfer window, a
+slow disk, a stopped gateway); every op still completes, exactly once, within its deadline; and
+``close()`` with ops in flight reports each of them and leaves LMCache's buffers alone.
+
+What is checked is the order in which completions arrive on one plugin, never how long an op
+took (the benchmark bench/lookup_under_load.py measures that): the stores are held for seconds
+by a real gateway process whose disk is slowed on command (tests/integration/faulty_gateway.py),
+so the orders hold with a wide margin on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from tests.integration.test_gateway_faults import FaultyGateway, databases_of, objects
+from tests.support import Gateway, wait_for_future, wait_until
+from tests.unit.test_connector import connected
+
+pytestmark = pytest.mark.integration
+MiB = 2**20
+CONFIG = "session_window_size: 8MiB\nfragment_size: 1MiB\nregion_size: 8MiB\ndatabases_per_dir: 2\n"
+
+
+class Plugin:
+    """One real plugin (one session), recording the order its completions arrive in."""
+
+    def __init__(self, gateway: Gateway, **params: object) -> None:
+        self.connector = ADPConnector(**gateway.adapter_params(**params))
+        connected(self.connector)
+        self.order: list[int] = []
+        self.items: dict[int, tuple[object, ...]] = {}
+        self._kept: list[memoryview] = []  # LMCache's buffers, alive until reported
+
+    def store(self, batch: dict[str, bytes]) -> int:
+        views = [memoryview(bytearray(v)) for v in batch.values()]
+        self._kept += views
+        return self.connector.submit_batch_set(list(batch), views)
+
+    def wait(self, future_id: int, timeout_s: float = 60) -> tuple[object, ...]:
+        while future_id not in self.items:
+            self._take(wait_for_future(self.connector, future_id, timeout_s))
+        return self.items[future_id]
+
+    def _take(self, item: tuple[object, ...]) -> None:
+        for got in [item, *self.connector.__dict__.pop("_test_seen", {}).values()]:
+            future_id = int(got[0])  # type: ignore[call-overload]
+            self.order.append(future_id)
+            self.items[future_id] = got
+
+    def close(self) -> None:
+        self.connector.close()
+
+
+@pytest.fixture
+def slow(workdir: Path) -> Iterator[FaultyGateway]:
+    (workdir / "gateway.yaml").write_text(CONFIG)
+    gateway = FaultyGateway(workdir, "512MiB", "--config", str(workdir / "gateway.yaml"))
+    yield gateway.start()  # type: ignore[misc]
+    gateway.kill()
+
+
+@pytest.fixture
+def made() -> Iterator[list[Plugin]]:
+    plugins: list[Plugin] = []
+    yield plugins
+    for plugin in plugins:
+        plugin.close()
+
+
+def on_database(database: int, seed: int, count: int) -> dict[str, bytes]:
+    """``count`` objects of 1 MiB whose one fragment lives on ``database``."""
+    found: dict[str, bytes] = {}
+    while len(found) < count:
+        for key, value in objects(seed, 64, MiB).items():
+            if databases_of(key, MiB) == {database} and len(found) < count:
+                found[key] = value
+        seed += 1000
+    return found
+
+
+def test_a_lookup_overtakes_stores_that_wait_for_window_room(
+    slow: FaultyGateway, made: list[Plugin]
+) -> None:
+    plugin = Plugin(slow, op_timeout_s=60.0)
+    made.append(plugin)
+    stored = objects(1, 1, MiB)
+    assert plugin.wait(plugin.store(stored))[1] is True
+    for database in (0, 1):
+        slow.inject(database=database, delay_s=1.0)  # every write now takes a second
+
+    # 32 MiB of stores on a session whose window holds 8: most wait in the plugin for room.
+    stores = [plugin.store({k: v}) for k, v in objects(2, 32, MiB).items()]
+    lookup = plugin.connector.submit_batch_exists([*stored, "absent"])
+    assert plugin.wait(lookup)[3] == [True, False]
+    assert not set(stores) & set(plugin.order), "the lookup waited for a store"
+    slow.inject(clear=True)
+    assert all(plugin.wait(f)[1] is True for f in stores)
+
+
+def test_a_load_overtakes_stores_that_wait_for_window_room(
+    slow: FaultyGateway, made: list[Plugin]
+) -> None:
+    plugin = Plugin(slow, op_timeout_s=60.0)
+    made.append(plugin)
+    probe = on_database(1, seed=3, count=1)
+    assert plugin.wait(plugin.store(probe))[1] is True
+    slow.inject(database=0, delay_s=1.0)  # stores to database 0 are slow; database 1 is not
+
+    stores = [plugin.store({k: v}) for k, v in on_database(0, seed=4, count=32).items()]
+    into = bytearray(MiB)
+    load = plugin.connector.submit_batch_get(list(probe), [memoryview(into)])
+    assert plugin.wait(load)[3] == [True] and bytes(into) == next(iter(probe.values()))
+    assert not set(stores) & set(plugin.order), "the load waited for a store"
+    slow.inject(clear=True)
+    assert all(plugin.wait(f)[1] is True for f in stores)
+
+
+def test_a_lookup_ends_within_its_own_timeout_while_a_stopped_gateway_holds_the_stores(
+    gateway: Gateway, made: list[Plugin]
+) -> None:
+    plugin = Plugin(gateway, op_timeout_s=60.0, lookup_timeout_s=1.0)
+    made.append(plugin)
+    gateway.send_signal(signal.SIGSTOP)
+    try:
+        stores = [plugin.store({k: v}) for k, v in objects(5, 16, MiB).items()]
+        lookup = plugin.connector.submit_batch_exists(["k"])
+        # A lookup is answered from memory in microseconds: one that is not answered within
+        # lookup_timeout_s finds a hung gateway, and its keys are misses, long before the
+        # stores' own deadline.
+        assert plugin.wait(lookup, timeout_s=30)[3] == [False]
+        assert not set(stores) & set(plugin.order), "a store ended before the gateway resumed"
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+    assert all(plugin.wait(f)[1] is True for f in stores)
+
+
+def test_close_with_ops_in_flight_reports_each_once_and_never_writes_l1_after(
+    slow: FaultyGateway,
+) -> None:
+    plugin = Plugin(slow, op_timeout_s=30.0)
+    stored = objects(6, 4, MiB)
+    assert plugin.wait(plugin.store(stored))[1] is True
+    for database in (0, 1):
+        slow.inject(database=database, delay_s=1.0)
+    mark = len(slow.log())
+    buffers = [memoryview(bytearray(MiB)) for _ in stored]
+    load = plugin.connector.submit_batch_get(list(stored), buffers)
+    store = plugin.store(objects(7, 2, MiB))
+    wait_until(lambda: "holding a read" in slow.log()[mark:], 10, "the gateway inside a load")
+
+    plugin.close()  # LMCache's shutdown: what it gets back after this is its own again
+    for buffer in buffers:
+        buffer[:] = bytes([0x5A]) * MiB
+    reported = plugin.connector.drain_completions()
+    assert sorted(item[0] for item in reported) == sorted([load, store])
+    assert all(len(item[3]) == (2 if item[0] == store else 4) for item in reported)
+    assert all(item[1] is False for item in reported)
+    slow.inject(clear=True)
+    wait_until(lambda: "closed:" in slow.log()[mark:], 30, "the gateway to end the session")
+    assert all(bytes(b) == bytes([0x5A]) * MiB for b in buffers), "L1 was written after close"
