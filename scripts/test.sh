@@ -8,7 +8,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$ROOT/scripts/setup-env.sh"
 "$ROOT/scripts/setup-e2e.sh"  # real vLLM for the e2e suite, in its own .venv-e2e
 cd "$ROOT"
-ruff check gateway lmcache_adp tests bench
-ruff format --check gateway lmcache_adp tests bench
+ruff check gateway lmcache_adp tests bench deploy
+ruff format --check gateway lmcache_adp tests bench deploy
 mypy
 python -m pytest -p no:cacheprovider "$@"

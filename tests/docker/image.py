@@ -63,7 +63,7 @@ def check_daemon() -> None:
 
 def base_image() -> str:
     """The BASE_IMAGE build argument."""
-    base = os.environ.get("ADP_DOCKER_BASE_IMAGE", LOCAL_BASE)
+    base = os.environ.get("ADP_DOCKER_BASE_IMAGE") or LOCAL_BASE
     if base == LOCAL_BASE and docker("image", "inspect", base).returncode != 0:
         raise Unavailable(
             f"no base image {base}: run scripts/docker-base.sh (root and debootstrap), or set "
