@@ -32,7 +32,7 @@ import numpy as np
 
 from bench.stats import summary_us
 from tests.compat.support import MultiAdapterServer, RedisServer, TwoAdaptersServer, client
-from tests.compat.vllm_client import BLOCK_SIZE, Client, kv_for, tokens_for
+from tests.compat.vllm_client import BLOCK_SIZE, Client, kv_for, pack, tokens_for
 from tests.support import Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
 
 SETTINGS = ("adp_alone", "adp_and_redis", "redis_alone")
@@ -50,7 +50,7 @@ def start_server(
 def timed_lookup(lookups: Client, tokens: list[int], request_id: str) -> tuple[int, int]:
     """One lookup, polled as tightly as vLLM's scheduler would: (ns, hit tokens)."""
     started = time.perf_counter_ns()
-    lookups.scheduler.maybe_submit_lookup_request(request_id, tokens)
+    lookups.scheduler.maybe_submit_lookup_request(request_id, pack(tokens))
     while (hit := lookups.scheduler.check_lookup_result(request_id)) is None:
         time.sleep(0.0001)
     elapsed = time.perf_counter_ns() - started

@@ -58,9 +58,13 @@ def basic_check(bin_dir: Path, spec: str) -> dict[str, tuple[int, int]]:
     """LMCache's own L2 adapter check (``python -m lmcache.v1.basic_check --mode
     test_l2_adapter``): lookups of absent keys, a store, lookups, loads compared byte for byte.
     Returns each row of its table as (passed, all), plus the content validation."""
+    packages = list(bin_dir.parent.glob("lib/python3*/site-packages/lmcache"))
+    module = "lmcache.v1.basic_check"  # from 0.5.7 on, lmcache.inprocess.v1.basic_check
+    if packages and not (packages[0] / "v1" / "basic_check.py").exists():
+        module = "lmcache.inprocess.v1.basic_check"
     result = run(
         [
-            *(str(bin_dir / "python"), "-m", "lmcache.v1.basic_check"),
+            *(str(bin_dir / "python"), "-m", module),
             *("--mode", "test_l2_adapter", "--l2-adapter", spec),
         ]
     )

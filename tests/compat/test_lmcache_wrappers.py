@@ -125,3 +125,26 @@ def test_aesgcm_serde_stores_ciphertext_and_loads_every_byte(
     assert l2_usage_bytes(server) == CHUNKS * framed
     code, report = check(server, 1, "--expect-tier", "l2")
     assert code == 0, report
+
+
+def test_serde_formats_of_one_size_read_each_other_unless_tenants_keep_them_apart(
+    gateway: Gateway, make_server: Callable[[str], LMCacheServer]
+) -> None:
+    """fp8 e4m3fn and e5m2 objects have the same length, so nothing tells them apart: a server
+    decoding with the other format gets hits and wrong KV. A tenant per serde setting (the
+    plugin's ``tenant``, a namespace in the gateway) keeps them apart: a miss instead."""
+    e4m3 = make_server(with_serde(gateway, {"type": "fp8", "fp8_dtype": "float8_e4m3fn"})).start()
+    store_then_clear(e4m3, 1)
+    e4m3.stop()
+
+    e5m2_spec = {"type": "fp8", "fp8_dtype": "float8_e5m2"}
+    e5m2 = make_server(with_serde(gateway, e5m2_spec)).start()
+    code, report = check(e5m2, 1, "--expect-fp8")
+    assert code == 1 and report["hit_tokens"] == CHUNKS * 256, report  # every chunk a hit ...
+    assert not report["identical_to_fp8"] and not report["identical"], report  # ... wrong KV
+    e5m2.stop()
+
+    apart = json.loads(gateway.l2_adapter_json(tenant="fp8-e5m2"))
+    e5m2 = make_server(json.dumps({**apart, "serde": e5m2_spec})).start()
+    code, report = check(e5m2, 1)
+    assert code == 1 and report["hit_tokens"] == 0, report

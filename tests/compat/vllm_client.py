@@ -56,6 +56,16 @@ def _vllm_layout_hints(*_: Any) -> dict[str, str]:
 adapters.vllm_layout_hints = _vllm_layout_hints
 
 
+def pack(tokens: list[int]) -> Any:
+    """Token ids as the adapters take them: a list up to 0.5.6; packed bytes from 0.5.7 on
+    (LoadStoreOp.token_bytes, lmcache.v1.multiprocess.token_codec)."""
+    if "token_bytes" not in getattr(LoadStoreOp, "__dataclass_fields__", {}):
+        return tokens
+    from lmcache.v1.multiprocess.token_codec import pack_token_ids
+
+    return pack_token_ids(tokens)
+
+
 def tokens_for(seed: int, count: int) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return [int(t) for t in torch.randint(1, 32000, (count,), generator=generator).tolist()]
@@ -116,7 +126,9 @@ class Client:
         self.chunk_tokens = int(self.worker.num_blocks_per_chunk()) * BLOCK_SIZE
 
     def lookup(self, request_id: str, tokens: list[int]) -> int:
-        self.scheduler.maybe_submit_lookup_request(request_id, tokens, cache_salt=self.cache_salt)
+        self.scheduler.maybe_submit_lookup_request(
+            request_id, pack(tokens), cache_salt=self.cache_salt
+        )
         hit = wait_for(
             "the lookup", self.timeout_s, lambda: self.scheduler.check_lookup_result(request_id)
         )
@@ -124,7 +136,7 @@ class Client:
 
     def transfer(self, kind: str, request_id: str, tokens: list[int], end: int) -> None:
         blocks = list(range(end // BLOCK_SIZE))
-        op = LoadStoreOp(token_ids=tokens, block_ids=[blocks], start=0, end=end)
+        op = LoadStoreOp(pack(tokens), [blocks], start=0, end=end)
         submit = (
             self.worker.submit_store_request
             if kind == "store"
@@ -141,7 +153,9 @@ class Client:
 
     def end(self, request_id: str, tokens: list[int], hit: int) -> None:
         if hit:
-            self.scheduler.free_lookup_locks(tokens, 0, hit, request_id, cache_salt=self.cache_salt)
+            self.scheduler.free_lookup_locks(
+                pack(tokens), 0, hit, request_id, cache_salt=self.cache_salt
+            )
         self.scheduler.cleanup_lookup_result(request_id)
         self.scheduler.end_session(request_id)
 
