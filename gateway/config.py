@@ -15,19 +15,24 @@ import yaml
 
 from gateway import fields
 from gateway.errors import ConfigError, StartupError
+from gateway.protocol import default_socket_path
 from gateway.ring.layout import PAGE_BYTES
 from gateway.tenants import TenantConfig, check_tenants
 from gateway.units import format_size
 
-DEFAULT_SOCKET = "/tmp/lmcache-adp/gateway.sock"
 AUTO_CAPACITY_BYTES_MAX = 64 * 2**30
 RECORD_OVERHEAD_BYTES_MAX = 16 * 2**10  # header, footer entry (names up to 4 KiB), trailer
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    socket: str = field(default=DEFAULT_SOCKET, metadata={"help": "Unix socket clients connect to"})
+    socket: str | None = field(
+        default=None,
+        metadata={"help": "Unix socket clients connect to; null: protocol.default_socket_path"},
+    )
     socket_group: str | None = field(default=None, metadata={"help": "group owning the socket"})
+    max_sessions: int = field(default=32, metadata={"minimum": 1})
+    handshake_timeout_s: float = field(default=5.0, metadata={"minimum": 0.01})
     tenants: list[TenantConfig] = field(default_factory=list)
     data_dirs: list[str] = field(default_factory=lambda: ["./adp-data"])
     databases_per_dir: int = field(default=1, metadata={"minimum": 1})
@@ -50,6 +55,10 @@ class GatewayConfig:
     log_level: str = field(
         default="INFO", metadata={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")}
     )
+
+    @property
+    def socket_path(self) -> str:
+        return self.socket or default_socket_path()
 
     @property
     def database_paths(self) -> list[str]:

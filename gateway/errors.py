@@ -7,6 +7,8 @@
      +-- StartupError       the environment refuses us: data dir, socket, free space
      +-- ProtocolError      a client sent something malformed; that session is dropped
      +-- HandshakeRefused   the gateway refused a client at the handshake
+     +-- UntrustedGateway   the plugin refused a gateway (its uid, or who can write its socket)
+     +-- UnsupportedHost    this CPU's memory model is not one the rings are written for
      +-- StorageError       the disk failed an I/O; the op completes as a failure
 """
 
@@ -30,6 +32,14 @@ class ProtocolError(GatewayError):
 
 
 class HandshakeRefused(GatewayError):
+    pass
+
+
+class UntrustedGateway(GatewayError):
+    pass
+
+
+class UnsupportedHost(GatewayError):
     pass
 
 

@@ -69,8 +69,10 @@ def _check(name: str, hint: Any, meta: Mapping[str, Any], value: Any) -> Any:
         raise ConfigError(f"{name}: expected {_type_name(hint)}, got the boolean {value!r}")
     if isinstance(value, int) and float in allowed and not isinstance(value, bool):
         value = float(value)
-    if typing.get_origin(hint) is list:
-        return _check_list(name, typing.get_args(hint)[0], value)
+    members = typing.get_args(hint) if len(allowed) > 1 else (hint,)
+    lists = [t for t in members if typing.get_origin(t) is list]
+    if lists:
+        return _check_list(name, typing.get_args(lists[0])[0], value)
     if not isinstance(value, tuple(t for t in allowed if isinstance(t, type))):
         raise ConfigError(
             f"{name}: expected {_type_name(hint)}, got {type(value).__name__} {value!r}"
@@ -117,5 +119,8 @@ def _type_name(hint: Any) -> str:
         return f"list[{_type_name(typing.get_args(hint)[0])}]"
     if dataclasses.is_dataclass(hint):
         return "mapping"
-    names = [getattr(t, "__name__", str(t)) for t in _allowed_types(hint)]
-    return " | ".join("null" if n == "NoneType" else n for n in names)
+    allowed = _allowed_types(hint)
+    if len(allowed) > 1:
+        return " | ".join(_type_name(t) for t in allowed)
+    name = getattr(allowed[0], "__name__", str(allowed[0]))
+    return "null" if name == "NoneType" else name

@@ -35,6 +35,24 @@ _FRAME_HEADER = struct.Struct("<I")
 CHECKSUM_BYTES = 8  # one payload checksum per fragment, in a zero-copy op's arena
 
 
+def default_socket_path() -> str:
+    """Where the gateway listens, and the plugin looks, unless told otherwise: in a directory
+    only the gateway's user can write, so no other local user can stand in for it.
+
+    ``/run/lmcache-adp/gateway.sock`` for root; for another user
+    ``$XDG_RUNTIME_DIR/lmcache-adp/gateway.sock``, or ``/tmp/lmcache-adp-UID/gateway.sock`` where
+    the session has no runtime directory. The gateway creates the directory (mode 0750) and
+    refuses one that another user owns or can write.
+    """
+    uid = os.geteuid()
+    if uid == 0:
+        return "/run/lmcache-adp/gateway.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "lmcache-adp", "gateway.sock")
+    return f"/tmp/lmcache-adp-{uid}/gateway.sock"
+
+
 class Op(IntEnum):
     GET = 1
     SET = 2

@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import socket
+import stat
 import struct
 import threading
 import time
@@ -25,16 +26,18 @@ from gateway.backends.filedevice import FileDevice
 from gateway.backends.groupsync import PeriodicSync
 from gateway.backends.regionlog import Pools, RegionLog
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, ProtocolError, StartupError
+from gateway.errors import GatewayError, HandshakeRefused, ProtocolError, StartupError
 from gateway.l1 import L1Segment
 from gateway.protocol import (
     Hello,
+    Status,
     parse_hello,
     recv_frame,
     send_frame,
     welcome_body,
 )
 from gateway.ring.layout import RingLayout
+from gateway.ring.queue import check_host
 from gateway.scheduler import Scheduler
 from gateway.session import Session
 from gateway.store import Store
@@ -42,8 +45,8 @@ from gateway.tenants import Peer, Tenants
 from gateway.units import format_size
 
 log = logging.getLogger(__name__)
-HANDSHAKE_TIMEOUT_S = 5.0
 EXPIRE_INTERVAL_S = 0.1
+HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -52,12 +55,19 @@ class Gateway:
         self, config: GatewayConfig, wrap_device: Callable[[Device], Device] | None = None
     ) -> None:
         """``wrap_device`` wraps each database's device (tests inject faults with it)."""
+        check_host()
+        # Before the databases are touched: a second gateway on a live socket is refused
+        # without creating or preallocating anything.
+        _claim_socket_path(config.socket_path, config.socket_group)
         self.config = config_module.resolve_capacity(config)
         self._wrap_device = wrap_device or (lambda device: device)
         self._listener: socket.socket | None = None
         self._sessions: dict[int, Session] = {}
+        self._starting = 0  # sessions being made, counted against max_sessions; under _lock
         self._session_ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
+        self._refusals = _RareLog(log)
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
@@ -104,14 +114,14 @@ class Gateway:
         return store
 
     def start(self) -> None:
-        self._listener = _listen(self.config.socket, self.config.socket_group)
+        self._listener = _listen(self.config.socket_path, self.config.socket_group)
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
             self._spawn(f"io-{i}", self._io_loop)
         self._spawn("expire", self._expire_loop)
         self._spawn("accept", self._accept_loop)
-        log.info("gateway listening on %s", self.config.socket)
+        log.info("gateway listening on %s", self.config.socket_path)
         if self.tenants.open_mode:
             log.info(
                 "no tenants declared: any process that can open the socket may use any tenant "
@@ -125,9 +135,9 @@ class Gateway:
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone won't
             self._listener.close()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.socket)
+                os.unlink(self.config.socket_path)
         for task in self.scheduler.close():
-            task.cancel(2)  # Status.FAILED: the client learns at once instead of at its deadline
+            task.cancel(Status.FAILED)  # the client learns at once instead of at its deadline
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
@@ -153,7 +163,7 @@ class Gateway:
                 task.run()
             except Exception:  # a bug must not kill an I/O thread: fail the op, log it
                 log.exception("unexpected error in an I/O task")
-                task.cancel(2)
+                task.cancel(Status.FAILED)
             finally:
                 self.scheduler.finished(task)
 
@@ -162,7 +172,7 @@ class Gateway:
         give their slots back to their clients."""
         while not self._stopping.wait(EXPIRE_INTERVAL_S):
             for task in self.scheduler.drop_expired():
-                task.cancel(3)  # Status.EXPIRED
+                task.cancel(Status.EXPIRED)
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
@@ -171,15 +181,29 @@ class Gateway:
                 conn, _ = self._listener.accept()
             except OSError:
                 return  # listener closed: stopping
-            threading.Thread(
-                target=self._handshake, args=(conn,), name="handshake", daemon=True
-            ).start()
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(
+                    conn,
+                    _peer(conn),
+                    f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
+                )
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="session", daemon=True).start()
 
-    def _handshake(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket) -> None:
+        """Handshake (holding a handshake slot), then run the session (holding none)."""
+        try:
+            session = self._handshake(conn)
+        finally:
+            self._handshakes.release()
+        if session is not None:
+            session.run()
+
+    def _handshake(self, conn: socket.socket) -> Session | None:
         peer = _peer(conn)
         received: list[int] = []  # the client's L1 segment, if it sent one
         try:
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            conn.settimeout(self.config.handshake_timeout_s)
             body, received = recv_frame(conn, fds_max=1)
             hello = parse_hello(body)
             self.tenants.admit(hello, peer)
@@ -189,16 +213,21 @@ class Gateway:
             send_frame(conn, welcome_body(welcome), fds)
             conn.settimeout(None)
         except (GatewayError, OSError) as exc:
-            log.warning("refused client %s: %s", peer, exc)
-            with contextlib.suppress(OSError):
-                send_frame(conn, {"ok": False, "error": str(exc)})
-            conn.close()
-            return
+            self._refuse(conn, peer, str(exc) or type(exc).__name__)
+            return None
         finally:
             for fd in received:
                 os.close(fd)
         log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
-        session.run()
+        return session
+
+    def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
+        """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
+        self._refusals.warning("refused client %s: %s", peer, why)
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            send_frame(conn, {"ok": False, "error": why})
+        conn.close()
 
     def _new_session(
         self, conn: socket.socket, hello: Hello, peer: str, l1: L1Segment | None
@@ -208,24 +237,58 @@ class Gateway:
             self.config.session_arena_size,
             self.config.session_window_size,
         )
-        session = Session(
-            next(self._session_ids),
-            conn,
-            hello.tenant,
-            peer,
-            layout,
-            self.store,
-            self.scheduler,
-            self._forget,
-            l1,
-        )
         with self._lock:
-            self._sessions[session.session_id] = session
+            if len(self._sessions) + self._starting >= self.config.max_sessions:
+                raise HandshakeRefused(
+                    f"the gateway serves {self.config.max_sessions} clients already "
+                    "(max_sessions); raise it in the gateway config, or stop a client"
+                )
+            self._starting += 1  # counted before its shared memory is made: a burst stays bound
+        session = None
+        try:
+            session = Session(
+                next(self._session_ids),
+                conn,
+                hello.tenant,
+                peer,
+                layout,
+                self.store,
+                self.scheduler,
+                self._forget,
+                l1,
+            )
+        finally:
+            with self._lock:
+                self._starting -= 1
+                if session is not None:
+                    self._sessions[session.session_id] = session
         return session
 
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+
+
+class _RareLog:
+    """Warnings that a flood could repeat thousands of times: the first one, then at most one
+    line every ``interval_s`` saying how many were left out."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._next = 0.0
+        self._left_out = 0
+        self._lock = threading.Lock()
+
+    def warning(self, message: str, *args: object) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next:
+                self._left_out += 1
+                return
+            left_out, self._left_out, self._next = self._left_out, 0, now + self._interval_s
+        suffix = f" (and {left_out} more refusals since the last such line)" if left_out else ""
+        self._logger.warning(message + suffix, *args)
 
 
 def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:
@@ -257,26 +320,56 @@ def _peer(conn: socket.socket) -> Peer:
     return Peer(*_PEERCRED.unpack(creds))
 
 
+def _claim_socket_path(path: str, group: str | None) -> None:
+    """Make the socket's directory ready, and refuse a path a live gateway serves."""
+    _prepare_socket_dir(os.path.dirname(os.path.abspath(path)), group)
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
+        os.unlink(path)  # left behind by a gateway that died
+    else:
+        raise StartupError(
+            f"{path} is already served by a live gateway: stop it first, or "
+            "give this one another `--socket`"
+        )
+    finally:
+        probe.close()
+
+
+def _prepare_socket_dir(directory: str, group: str | None) -> None:
+    """Create the socket's directory (mode 0750), and refuse one that another user owns or can
+    write: whoever can write it could put a socket of their own in the gateway's place."""
+    parent = os.path.dirname(directory)
+    config_module.make_dir(parent, 0o755, "the socket's parent directory", "--socket")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o750)
+    info = os.lstat(directory)
+    fix = "remove it, or give the gateway another `--socket`"
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise StartupError(f"the socket's directory {directory} is not a directory: {fix}")
+    if info.st_uid != os.geteuid():
+        raise StartupError(
+            f"the socket's directory {directory} belongs to uid {info.st_uid}, not to the "
+            f"gateway's user ({os.geteuid()}), who could replace the socket: {fix}"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StartupError(
+            f"the socket's directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}), who could replace the socket: `chmod go-w` it, "
+            "or give the gateway another `--socket`"
+        )
+    if group is not None:  # its members must reach the socket through the directory
+        os.chown(directory, -1, _group_id(group))
+        os.chmod(directory, stat.S_IMODE(info.st_mode) | 0o050)
+
+
 def _listen(path: str, group: str | None) -> socket.socket:
-    """Bind the Unix socket, refusing to steal it from a live gateway."""
-    config_module.make_dir(
-        os.path.dirname(os.path.abspath(path)), 0o755, "the socket's directory", "--socket"
-    )
-    if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-                raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
-            os.unlink(path)  # left behind by a gateway that died
-        else:
-            raise StartupError(
-                f"{path} is already served by a live gateway: stop it first, or "
-                "give this one another `--socket`"
-            )
-        finally:
-            probe.close()
+    """Bind the Unix socket (its directory was claimed by ``_claim_socket_path``)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
@@ -288,13 +381,18 @@ def _listen(path: str, group: str | None) -> socket.socket:
     os.chmod(path, 0o660)
     if group is not None:
         try:
-            os.chown(path, -1, grp.getgrnam(group).gr_gid)
-        except (KeyError, OSError) as exc:
+            os.chown(path, -1, _group_id(group))
+        except OSError as exc:
             listener.close()
             raise StartupError(
-                f"cannot give the socket to group {group!r}: "
-                f"{'no such group' if isinstance(exc, KeyError) else exc.strerror}; "
-                "fix `socket_group`"
+                f"cannot give the socket to group {group!r}: {exc.strerror}; fix `socket_group`"
             ) from exc
     listener.listen(64)
     return listener
+
+
+def _group_id(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StartupError(f"socket_group: no group named {group!r}; fix `socket_group`") from None

@@ -1,7 +1,7 @@
 """lmcache-adp's LMCache plugin: load it with
 
 ``--l2-adapter '{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector",
-"adapter_params":{"socket_path":"/tmp/lmcache-adp/gateway.sock"}}'``
+"adapter_params":{}}'`` (the gateway's default socket; see plugin_manifest.yaml for the params)
 """
 
 from lmcache_adp.connector import ADPConnector

@@ -10,15 +10,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import fields
-
-DEFAULT_SOCKET = "/tmp/lmcache-adp/gateway.sock"
+from gateway.protocol import default_socket_path
 
 
 @dataclass(frozen=True)
 class ADPParams:
-    socket_path: str = field(
-        default=DEFAULT_SOCKET,
-        metadata={"help": "Unix socket of the gateway (adp-gateway serve --socket)"},
+    socket_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Unix socket of the gateway (adp-gateway serve --socket); null: the "
+            "gateway's default (gateway.protocol.default_socket_path)"
+        },
+    )
+    gateway_uids: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "uids the gateway may run as; the plugin refuses any other listener, and "
+            "a socket directory anyone else can write; root always counts. null: the "
+            "plugin's own user"
+        },
     )
     tenant: str = field(
         default="default",
@@ -86,3 +96,7 @@ class ADPParams:
 
 def parse(params: Mapping[str, Any]) -> ADPParams:
     return fields.build(ADPParams, params, where="lmcache_adp adapter_params")
+
+
+def socket_path(params: ADPParams) -> str:
+    return params.socket_path or default_socket_path()

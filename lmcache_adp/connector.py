@@ -29,10 +29,10 @@ import os
 import threading
 import time
 
-from gateway.errors import GatewayError, HandshakeRefused
+from gateway.errors import GatewayError, HandshakeRefused, UnsupportedHost, UntrustedGateway
 from gateway.protocol import Hello, Op
 from gateway.tenants import read_token
-from lmcache_adp import config, l1
+from lmcache_adp import config, l1, trust
 from lmcache_adp.batch import Batch
 from lmcache_adp.ioloop import IOLoop, Shared
 from lmcache_adp.link import GatewayLink
@@ -144,9 +144,17 @@ class ADPConnector:
     def _try_connect(self) -> bool:
         """One handshake; on success the I/O thread picks the link up at its next step."""
         segment = l1.find() if self._params.zero_copy else None
-        path = self._params.socket_path
+        path = config.socket_path(self._params)
+        trusted = trust.trusted_uids(self._params.gateway_uids)
         try:
-            link = GatewayLink.connect(path, self._hello, HANDSHAKE_TIMEOUT_S, segment)
+            link = GatewayLink.connect(path, self._hello, HANDSHAKE_TIMEOUT_S, trusted, segment)
+        except (UntrustedGateway, UnsupportedHost) as exc:
+            self._report_state(
+                "untrusted",
+                logging.ERROR,
+                f"refusing the gateway at {path}: {exc}; L2 ops fail and LMCache serves from L1",
+            )
+            return False
         except HandshakeRefused as exc:
             self._report_state(
                 "refused",

@@ -34,7 +34,8 @@ from gateway.ring.layout import (
     align_up,
     map_shared,
 )
-from gateway.ring.queue import completion_consumer, submission_producer
+from gateway.ring.queue import check_host, completion_consumer, submission_producer
+from lmcache_adp import trust
 from lmcache_adp.l1 import L1Map
 from lmcache_adp.window import WindowAllocator
 
@@ -87,13 +88,24 @@ class GatewayLink:
 
     @classmethod
     def connect(
-        cls, path: str, hello: Hello, timeout_s: float, l1: L1Map | None = None
+        cls,
+        path: str,
+        hello: Hello,
+        timeout_s: float,
+        trusted: frozenset[int],
+        l1: L1Map | None = None,
     ) -> GatewayLink:
-        """Handshake; with ``l1``, offer the gateway our L1 segment for zero-copy ops."""
+        """Handshake with the gateway at ``path``, once it proves to be a trusted user's
+        (lmcache_adp/trust.py; nothing is sent before); with ``l1``, offer it a read-only fd of
+        our L1 segment for zero-copy stores. Raises UntrustedGateway, HandshakeRefused,
+        ProtocolError or OSError."""
+        check_host()
+        trust.check_socket_directory(path, trusted)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout_s)
             sock.connect(path)
+            trust.check_peer(sock, path, trusted)
             if l1 is None:
                 send_frame(sock, hello_body(hello))
             else:

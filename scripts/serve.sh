@@ -2,14 +2,20 @@
 # The main job: the gateway on the embedded software card plus `lmcache server` with the plugin,
 # ready for vLLM (LMCacheMPConnector) to connect. Ctrl-C stops both cleanly.
 #
-#   scripts/serve.sh [--data-dir DIR] [--capacity SIZE] [--port 5555] [--http-port 8080]
+#   scripts/serve.sh [--data-dir ./adp-data] [--capacity 8GiB] [--port 5555] [--http-port 8080]
 #                    [--l1-size-gb 8] [--socket PATH] [--zero-copy]
 #
-# --zero-copy keeps LMCache's L1 in shared memory, which the gateway reads and writes directly.
+# --capacity is what the gateway preallocates in --data-dir (8 GiB unless told otherwise).
+# --socket defaults to the gateway's own default (/run/lmcache-adp/gateway.sock as root, else
+# $XDG_RUNTIME_DIR/lmcache-adp/gateway.sock). --zero-copy keeps LMCache's L1 in shared memory,
+# and the gateway writes stores straight from it.
+#
+# It prints one line when both serve (the server answers on its port), or one line saying what
+# went wrong, and exits non-zero, if either cannot start (a second copy of the stack, a port in
+# use, a data dir in use...).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-DATA_DIR=$ROOT/adp-data CAPACITY="" PORT=5555 HTTP_PORT=8080 L1_GB=8
-SOCKET=/tmp/lmcache-adp/gateway.sock SERVER_FLAGS=()
+DATA_DIR=$ROOT/adp-data CAPACITY=8GiB PORT=5555 HTTP_PORT=8080 L1_GB=8 SOCKET="" SERVER_FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR=$2; shift 2 ;;
@@ -23,24 +29,55 @@ while [ $# -gt 0 ]; do
   esac
 done
 ADP_EXTRAS=${ADP_EXTRAS:-serve} source "$ROOT/scripts/setup-env.sh"
+[ -n "$SOCKET" ] || SOCKET=$(python -c 'from gateway.protocol import default_socket_path as d; print(d())')
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/adp-serve.XXXXXX")
 
-gateway_args=(serve --data-dir "$DATA_DIR" --socket "$SOCKET")
-[ -n "$CAPACITY" ] && gateway_args+=(--capacity "$CAPACITY")
-# Its own session: a terminal's Ctrl-C reaches the lmcache server and this script, which then
-# stops the gateway last, after the server's final L2 writes.
-setsid adp-gateway "${gateway_args[@]}" &
-gateway_pid=$!
+keep() {  # show and keep a log; Ctrl-C must not end it before the processes' last lines
+  trap '' INT
+  exec tee "$1"
+}
+fail() {  # one line saying what went wrong, the log that says more, and stop what started
+  echo "serve.sh: $1 (see $2)" >&2
+  stop
+  exit 1
+}
 server_pid=""
 stop() {
   trap - INT TERM
   [ -n "$server_pid" ] && kill -INT "$server_pid" 2>/dev/null && wait "$server_pid" || true
   kill -TERM "$gateway_pid" 2>/dev/null && wait "$gateway_pid" || true
 }
+
+# Its own session: a terminal's Ctrl-C reaches the lmcache server and this script, which then
+# stops the gateway last, after the server's final L2 writes.
+setsid adp-gateway serve --data-dir "$DATA_DIR" --socket "$SOCKET" --capacity "$CAPACITY" \
+  > >(keep "$LOGS/gateway.log") 2>&1 &
+gateway_pid=$!
 trap 'stop; exit 0' INT TERM
-for _ in $(seq 100); do [ -S "$SOCKET" ] && break; kill -0 "$gateway_pid" || exit 1; sleep 0.1; done
+until grep -q "listening on" "$LOGS/gateway.log" 2>/dev/null; do
+  kill -0 "$gateway_pid" 2>/dev/null \
+    || fail "the gateway did not start: $(grep -m1 'error' "$LOGS/gateway.log" || true)" "$LOGS/gateway.log"
+  sleep 0.2
+done
 "$ROOT/configs/lmcache-server.sh" --port "$PORT" --http-port "$HTTP_PORT" \
-  --l1-size-gb "$L1_GB" --socket "$SOCKET" "${SERVER_FLAGS[@]}" &
+  --l1-size-gb "$L1_GB" --socket "$SOCKET" "${SERVER_FLAGS[@]}" > >(keep "$LOGS/server.log") 2>&1 &
 server_pid=$!
-echo "serve.sh: gateway pid $gateway_pid, lmcache server pid $server_pid (port $PORT); Ctrl-C stops both"
+# Ready means the server answers on its HTTP port and its own port listens (its health check
+# comes first, seconds before the port), and the process is this script's own.
+until python - "$HTTP_PORT" "$PORT" <<'EOF' 2>/dev/null
+import socket, sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthcheck", timeout=1)
+socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=1).close()
+EOF
+do
+  kill -0 "$server_pid" 2>/dev/null \
+    || fail "lmcache server did not start: $(grep -m1 -iE 'error|in use' "$LOGS/server.log" || true)" "$LOGS/server.log"
+  sleep 0.5
+done
+cat <<EOF
+serve.sh: ready. lmcache server on port $PORT (HTTP $HTTP_PORT), L1 ${L1_GB} GiB; gateway on
+  $SOCKET, ${CAPACITY} preallocated in $DATA_DIR. Ctrl-C stops both. Logs: $LOGS
+  Check it: scripts/smoke.sh --socket $SOCKET
+EOF
 wait -n "$gateway_pid" "$server_pid" || true
 stop

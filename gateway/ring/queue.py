@@ -9,7 +9,9 @@ Ordering: an entry is written before the tail that publishes it, and read after 
 counter is one aligned 8-byte store; x86-64's total store order keeps these in order. Counters go
 through a memoryview cast to unsigned 64-bit words, which moves all 8 bytes at once:
 ``struct.pack_into`` is not usable for them, because it zeroes its target before writing it and
-the peer can read that zero in between.
+the peer can read that zero in between. On a weakly ordered CPU (aarch64, as on Grace-Hopper)
+the peer could see a tail before the entry it publishes, and Python has no release or acquire
+store to stop that, so both sides refuse to run there (``check_host``; docs/design.md, "Ring").
 
 Counters start at 0 (a new memfd is zeros) and never wrap: 2**64 entries at a billion a second
 take 584 years, and wrapping modulo 2**64 would move the slot an index maps to unless the slot
@@ -19,10 +21,11 @@ there before the queue was made; its next push raises ``ProtocolError`` and writ
 
 from __future__ import annotations
 
+import platform
 import struct
 from typing import Any, Generic, TypeVar
 
-from gateway.errors import ProtocolError
+from gateway.errors import ProtocolError, UnsupportedHost
 from gateway.ring.layout import (
     COMPLETION,
     CQ_HEAD,
@@ -37,6 +40,18 @@ from gateway.ring.layout import (
 
 E = TypeVar("E", Submission, Completion)
 COUNTER_MAX = 2**64 - 1
+TOTAL_STORE_ORDER = ("x86_64", "amd64", "i686", "i386")  # platform.machine() of TSO CPUs
+
+
+def check_host(machine: str | None = None) -> None:
+    """Raise UnsupportedHost unless this CPU keeps stores in order (see the module docstring)."""
+    machine = platform.machine() if machine is None else machine
+    if machine.lower() not in TOTAL_STORE_ORDER:
+        raise UnsupportedHost(
+            f"this host's CPU ({machine}) may reorder stores to shared memory, and lmcache-adp's "
+            "rings are written for x86-64's total store order: run the gateway and LMCache on "
+            "an x86-64 host"
+        )
 
 
 class _Queue(Generic[E]):

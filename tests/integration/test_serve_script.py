@@ -17,34 +17,40 @@ from tests.support import ROOT, LMCacheServer, wait_until
 pytestmark = pytest.mark.integration
 
 
+def serve(workdir: Path, server: LMCacheServer, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """scripts/serve.sh on ``server``'s ports, with its output in ``log``."""
+    argv = [str(ROOT / "scripts" / "serve.sh"), "--data-dir", str(workdir / "data")]
+    argv += ["--capacity", "1GiB", "--port", str(server.port), "--http-port"]
+    argv += [str(server.http_port), "--l1-size-gb", "1", "--socket", str(workdir / "gw.sock")]
+    env = {**os.environ, "ADP_EXTRAS": "test"}  # the test venv as it is: nothing to reinstall
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [*argv, *extra], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def ready(proc: subprocess.Popen[bytes], log: Path) -> bool:
+    return "serve.sh: ready" in log.read_text() or proc.poll() is not None
+
+
 @pytest.mark.parametrize("zero_copy", [False, True], ids=["copy", "zero-copy"])
 def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_copy: bool) -> None:
     server = LMCacheServer(workdir, "")  # only for its ports and client helpers
     log = workdir / "serve.log"
-    argv = [
-        str(ROOT / "scripts" / "serve.sh"),
-        "--data-dir",
-        str(workdir / "data"),
-        "--capacity",
-        "1GiB",
-        "--port",
-        str(server.port),
-        "--http-port",
-        str(server.http_port),
-        "--l1-size-gb",
-        "1",
-        "--socket",
-        str(workdir / "gw.sock"),
-        *(["--zero-copy"] if zero_copy else []),
-    ]
-    env = {**os.environ, "ADP_EXTRAS": "test"}  # the test venv as it is: nothing to reinstall
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    proc = serve(workdir, server, log, *(["--zero-copy"] if zero_copy else []))
     try:
-        wait_until(lambda: server.healthy() or proc.poll() is not None, 180, "the stack")
+        wait_until(lambda: ready(proc, log), 180, "the stack")
         assert proc.poll() is None, log.read_text()[-3000:]
+        assert server.healthy()  # ready means serving, not starting
+        smoke = subprocess.run(
+            [str(ROOT / "scripts" / "smoke.sh"), "--socket", str(workdir / "gw.sock")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "ADP_EXTRAS": "test"},
+        )
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        assert "every byte loaded back matches" in smoke.stdout
         assert mp_client(server, "store", 9, "--chunks", "2") == 0
         wait_until(server.l2_settled, 60, "the L2 stores")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
@@ -53,8 +59,30 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_cop
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
+    assert "1GiB preallocated in" in text  # the ready line says what it took, and where
     assert "closed: 0 loads (0 hits, 0 B), 2 stores" in text
     assert f"found), {2 if zero_copy else 0} of the stores zero-copy" in text
     assert text.index("Finished server process") < text.index("gateway stopped")
     result = subprocess.run(["pgrep", "-f", str(workdir / "gw.sock")], capture_output=True)
     assert result.stdout == b"", "a process of the stack is still running"
+
+
+def test_a_second_serve_script_fails_with_one_clear_line(workdir: Path) -> None:
+    server = LMCacheServer(workdir, "")
+    first = serve(workdir, server, workdir / "first.log")
+    try:
+        wait_until(lambda: ready(first, workdir / "first.log"), 180, "the first stack")
+        assert first.poll() is None
+        second = serve(workdir, server, workdir / "second.log")
+        assert second.wait(120) == 1
+        lines = [
+            line
+            for line in (workdir / "second.log").read_text().splitlines()
+            if line.startswith("serve.sh:")
+        ]
+        assert len(lines) == 1 and "did not start" in lines[0], lines
+        assert "already served by a live gateway" in lines[0]
+        assert first.poll() is None and server.healthy()  # the first one is untouched
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        first.wait(60)

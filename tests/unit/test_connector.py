@@ -232,7 +232,7 @@ def test_close_reports_every_op_once_and_stops_every_thread(gateway: Gateway) ->
     reported = connector.drain_completions()
     assert sorted(item[0] for item in reported) == sorted(futures)
     for item in reported:
-        check_shape(item, int(item[0]), 2 if item[0] == futures[-1] else 1)  # type: ignore[call-overload]
+        check_shape(item, int(item[0]), 2 if item[0] == futures[-1] else 1)
     assert not [t for t in threading.enumerate() if t.name.startswith("adp-")]
     # A submit after close completes at once, as a failure.
     future_id = connector.submit_batch_exists(["q0"])

@@ -177,7 +177,7 @@ def test_the_plugin_closes_the_fds_of_a_welcome_it_refuses(
     thread = threading.Thread(target=gateway)
     thread.start()
     with server, pytest.raises(GatewayError):  # HandshakeRefused, or ProtocolError
-        GatewayLink.connect(path, Hello("t"), timeout_s=10)
+        GatewayLink.connect(path, Hello("t"), 10, frozenset({os.geteuid()}))
     thread.join()
     os.close(write_end)
     assert closed_everywhere(read_end), "GatewayLink.connect leaked the fds of its welcome"

@@ -53,7 +53,8 @@ def test_unknown_param_is_named_with_a_suggestion() -> None:
         ("tenant", 3),
         ("pending_ops_max", 1.5),
         ("op_timeout_s", 0),
-        ("socket_path", None),
+        ("socket_path", 7),
+        ("gateway_uids", ["root"]),
     ],
 )
 def test_mistyped_param_is_named(key: str, value: object) -> None:

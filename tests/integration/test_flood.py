@@ -1,0 +1,153 @@
+"""Goal: no local process can exhaust the gateway by connecting. A flood of 1,000 connections
+(closed at once, silent, stopping half-way through a hello, or finishing the handshake and then
+never reading) leaves the gateway's threads, file descriptors and memory within fixed bounds set
+by ``max_sessions`` and the handshakes it runs at once; connections past the bounds are refused
+with a line saying why; a client that was connected before keeps being served throughout, and a
+new one is served once the flood has gone.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.protocol import Hello, hello_body, send_frame
+from gateway.service import HANDSHAKES_MAX
+from lmcache_adp import ADPConnector
+from tests.support import Gateway, wait_for_future, wait_until
+from tests.unit.test_connector import connected
+
+pytestmark = pytest.mark.integration
+MAX_SESSIONS = 8
+CONFIG = f"max_sessions: {MAX_SESSIONS}\nhandshake_timeout_s: 1.0\nsession_window_size: 8MiB\n"
+KINDS = ("closed at once", "silent", "half a hello", "never reads")
+WAVES, PER_WAVE = 4, 250  # 1,000 connections
+
+
+def usage(pid: int) -> tuple[int, int, int]:
+    """The gateway's threads, open fds and resident bytes."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in status)
+    threads = int(fields["Threads"])
+    rss_bytes = int(fields["VmRSS"].split()[0]) * 1024
+    return threads, len(list(Path(f"/proc/{pid}/fd").iterdir())), rss_bytes
+
+
+@contextmanager
+def sampled(pid: int) -> Iterator[list[tuple[int, int, int]]]:
+    """Samples of ``usage`` every 20 ms while the block runs."""
+    samples: list[tuple[int, int, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            samples.append(usage(pid))
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
+
+
+def connect(path: Path, kind: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:  # the listen backlog is full: the kernel refused it, which is bounded too
+        sock.close()
+        return None
+    if kind == "closed at once":
+        sock.close()
+        return None
+    if kind == "half a hello":
+        sock.send(b"\x40\x00")
+    elif kind == "never reads":
+        send_frame(sock, hello_body(Hello("flood")))
+    return sock
+
+
+def served(connector: ADPConnector, seed: int) -> bool:
+    """One store, lookup and byte-exact load through the client connected before the flood."""
+    data = bytearray(np.random.default_rng(seed).integers(0, 256, 2**20, np.uint8).tobytes())
+    key = f"legit-{seed}"
+    stored = wait_for_future(connector, connector.submit_batch_set([key], [memoryview(data)]))
+    found = wait_for_future(connector, connector.submit_batch_exists([key]))
+    into = bytearray(2**20)
+    loaded = wait_for_future(connector, connector.submit_batch_get([key], [memoryview(into)]))
+    return bool(stored[1]) and found[3] == [True] and loaded[3] == [True] and into == data
+
+
+def test_a_flood_of_connections_leaves_the_gateway_bounded_and_serving(
+    workdir: Path, make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture
+) -> None:
+    (workdir / "gateway.yaml").write_text(CONFIG)
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    legit = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(legit)
+        assert served(legit, 0)
+        threads0, fds0, rss0 = usage(pid)
+        with sampled(pid) as samples:
+            for wave in range(WAVES):
+                kinds = [KINDS[i % len(KINDS)] for i in range(PER_WAVE)]
+                held = [connect(gateway.socket_path, kind) for kind in kinds]
+                assert served(legit, wave + 1), f"the client was not served in wave {wave}"
+                for sock in held:
+                    if sock is not None:
+                        sock.close()
+        threads, fds, rss = map(max, zip(*samples, strict=True))
+        # One thread per handshake in progress and per session (the connected client's one
+        # included), whatever came in; their fds; their memory (each session's window is
+        # shared memory touched only where data moves).
+        assert threads <= threads0 + HANDSHAKES_MAX + MAX_SESSIONS, (threads0, threads)
+        assert fds <= fds0 + 4 * (HANDSHAKES_MAX + MAX_SESSIONS), (fds0, fds)
+        assert rss <= rss0 + 64 * 2**20, (rss0, rss)
+        log = gateway.log()
+        assert 0 < log.count("refused client") < 50  # a flood is a few lines, not 1,000
+        assert gateway.alive and served(legit, 99)
+    finally:
+        legit.close()
+    wait_until(lambda: usage(pid)[0] <= threads0, 30, "the flood's sessions to end")
+    newcomer = ADPConnector(**gateway.adapter_params())
+    connected(newcomer)
+    newcomer.close()
+
+
+def test_one_client_past_max_sessions_is_refused_and_told_why(
+    workdir: Path, make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture
+) -> None:
+    (workdir / "gateway.yaml").write_text(CONFIG)
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    idle = []
+    for count in range(1, MAX_SESSIONS + 1):  # clients that finish the handshake, then idle
+        idle.append(connect(gateway.socket_path, "never reads"))
+        wait_until(lambda: sessions(gateway) >= len(idle), 30, f"session {count}")
+    ADPConnector(**gateway.adapter_params()).close()
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and "serves 8 clients already (max_sessions)" in refusals[0]
+    for sock in idle:
+        assert sock is not None
+        sock.close()
+    wait_until(lambda: gateway.log().count("closed:") >= MAX_SESSIONS, 30, "the sessions to end")
+    client = ADPConnector(**gateway.adapter_params())
+    connected(client)  # a freed session serves the next client
+    client.close()
+
+
+def sessions(gateway: Gateway) -> int:
+    """Sessions the gateway has begun, from its log."""
+    return gateway.log().count(" connected")
