@@ -21,8 +21,14 @@ Every record carries its region's epoch (a new one for every filling), so a scan
 a record left from an older filling, and skips a hole left by a torn or failed write by looking
 for the next header of the same epoch (gateway/backends/regionscan.py).
 
+Every filling of a region starts with a header-only record naming its epoch (and then the
+tombstones it carries). It travels in the region's first write, in front of that write's
+records, so opening a region costs no I/O of its own and no lock is held across I/O. A record
+in a region settles (counts as written, so it may be synced and acknowledged) only once that
+first write has landed: a recovery always finds the epoch of any record it must find.
+
 Thread-safety: ``append`` and ``read`` run concurrently from the I/O threads; space reservation
-and region state are under the lock, the record I/O is not.
+and region state are under the lock, the I/O never is.
 """
 
 from __future__ import annotations
@@ -112,6 +118,11 @@ class _Region:
     last_access: int = 0
     live: int = 0  # records the store uses
     records: list[tuple[int, RecordHeader]] = field(default_factory=list)  # written, for the footer
+    # The filling's first pages (its start record and carried tombstones), written in front of
+    # the first run reserved in it; None once a run took them.
+    prologue: list[memoryview] | None = None
+    started: bool | None = True  # whether the first write landed; None while it is in flight
+    carried: list[RecordHeader] = field(default_factory=list)  # to rewrite at the next filling
 
     def fits(self, header: RecordHeader, region_bytes: int) -> bool:
         footer = align_up(self.footer_bytes + entry_bytes_max(header))
@@ -122,15 +133,22 @@ class _Region:
         self.used_bytes = self.footer_bytes = self.live = 0
         self.sealed = False
         self.records = []
+        self.prologue, self.started = None, None
 
 
 @dataclass
 class _Run:
-    """Records reserved back to back in one region: one vectored write."""
+    """Records reserved back to back in one region: one vectored write, led by the region's
+    prologue when it is the region's first."""
 
     region: _Region
-    offset: int  # on the device
+    offset: int  # on the device, of the records (the prologue lies just before them)
     headers: list[RecordHeader]
+    prologue: list[memoryview] = field(default_factory=list)
+
+    @property
+    def start(self) -> int:
+        return self.offset - len(self.prologue) * HEADER_BYTES
 
 
 class _Database:
@@ -200,6 +218,7 @@ class RegionLog:
         self._on_reclaim = on_reclaim
         self._pools = pools or Pools()
         self._lock = threading.RLock()  # on_reclaim may call retain/release
+        self._started = threading.Condition(self._lock)  # a region's first write is over
         self._next_epoch = 1
         self._clock = itertools.count(1)  # orders region accesses, for eviction
         self.reclaims = 0
@@ -244,26 +263,58 @@ class RegionLog:
         runs, to_seal = self._reserve(db, [header for header, _ in records])
         for region in to_seal:
             self._write_footer(db, region)
+        landed, failure = self._write_runs(db, runs, [payload for _, payload in records])
         locations: list[Location] = []
-        failure: OSError | None = None
-        for run in runs:
-            pages = aligned(HEADER_BYTES * len(run.headers))
-            buffers = []
-            for i, header in enumerate(run.headers):
-                page = pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES]
-                pack_header(header, page, db.salt)
-                payload = records[len(locations) + i][1]
-                buffers += [page] if payload is None else [page, payload]
-            try:
-                if failure is None:
-                    db.device.write(buffers, run.offset)
-                    db.group_sync.wrote()
-            except OSError as exc:
-                failure = exc
-            locations += self._settle(db, run, written=failure is None)
+        for run, written in zip(runs, landed, strict=True):
+            locations += self._settle(db, run, written)
         if failure is not None:
             raise StorageError(f"write to database {database} failed: {failure}") from failure
         return locations
+
+    def _write_runs(
+        self, db: _Database, runs: list[_Run], payloads: list[memoryview | None]
+    ) -> tuple[list[bool], OSError | None]:
+        """Issue every run's write before any settles, so no thread waits for another's first
+        write before issuing its own. After a failure the runs left are not written, but a
+        region's prologue still is: other threads' records there wait for it."""
+        landed: list[bool] = []
+        failure: OSError | None = None
+        first = 0
+        try:
+            for run in runs:
+                records = payloads[first : first + len(run.headers)]
+                first += len(run.headers)
+                packed = _pack(db, run, records) if failure is None else []
+                buffers = [*run.prologue, *packed]
+                done = False
+                if buffers:
+                    try:
+                        db.device.write(buffers, run.start)
+                        db.group_sync.wrote()
+                        done = True
+                    except OSError as exc:
+                        failure = failure or exc
+                if run.prologue:
+                    self._mark_started(db, run, done)
+                    run.prologue = []
+                landed.append(done and bool(packed))
+        finally:
+            for run in runs[len(landed) :]:  # an unexpected error: no waiter may hang on these
+                if run.prologue:
+                    self._mark_started(db, run, False)
+        return landed + [False] * (len(runs) - len(landed)), failure
+
+    def _mark_started(self, db: _Database, run: _Run, landed: bool) -> None:
+        """The region's first write is over. If it failed, the filling takes no more appends
+        and nothing reserved in it settles as written (a recovery may not know its epoch)."""
+        region = run.region
+        with self._lock:
+            region.started = landed
+            if not landed:
+                region.sealed = True
+                if db.open.get(region.pool) is region:
+                    del db.open[region.pool]
+            self._started.notify_all()
 
     def read_many(
         self, locations: list[Location], payloads: list[memoryview | None]
@@ -446,6 +497,8 @@ class RegionLog:
                 offset = db.region_offset(region.index) + region.used_bytes
                 if not runs or runs[-1].region is not region:
                     runs.append(_Run(region, offset, []))
+                    if region.prologue is not None:
+                        runs[-1].prologue, region.prologue = region.prologue, None
                 runs[-1].headers.append(dataclasses.replace(header, epoch=region.epoch))
                 region.used_bytes += header.record_bytes
                 region.footer_bytes += entry_bytes_max(header)
@@ -453,10 +506,13 @@ class RegionLog:
         return runs, to_seal
 
     def _settle(self, db: _Database, run: _Run, written: bool) -> list[Location]:
-        """A run's writes are over: record them for the footer, seal the region if due."""
+        """A run's writes are over: record them for the footer, seal the region if due. A run
+        counts as written only once its region's first write has landed."""
         region = run.region
         locations = []
         with self._lock:
+            self._started.wait_for(lambda: region.started is not None)
+            written = written and bool(region.started)
             start = run.offset - db.region_offset(region.index)
             for header in run.headers:
                 if written:
@@ -464,10 +520,19 @@ class RegionLog:
                 locations.append(db.location(region, start, header))
                 start += header.record_bytes
             region.writes_inflight -= len(run.headers)
+            if region.started is False and region.writes_inflight == 0:
+                self._free_failed(region)
             seal = self._ready_to_seal(region)
         if seal:
             self._write_footer(db, region)
         return locations
+
+    def _free_failed(self, region: _Region) -> None:
+        """Under the lock: a filling whose first write failed, with nothing in flight, is free
+        again; the tombstones it was to carry go to its next filling."""
+        carried = [header for _, header in region.records if header.kind == Kind.TOMBSTONE]
+        region.refill(0, 0, Pools.SHARED)
+        region.started, region.carried = True, carried
 
     def _ready_to_seal(self, region: _Region) -> bool:
         """Under the lock: whether the footer is due now; if so the caller writes it."""
@@ -510,6 +575,7 @@ class RegionLog:
         below = held[pool] < self._pools.limit(pool, len(db.regions))
         if free and below:
             region = free[0]
+            carried = region.carried
         else:
             over = {p for p, n in held.items() if n > self._pools.limit(p, len(db.regions))}
             victims = over if below else {pool}
@@ -533,12 +599,16 @@ class RegionLog:
             self.reclaims += 1
         region.refill(self._next_epoch, next(self._clock), pool)
         self._next_epoch += 1
-        self._start_filling(db, region, carried)
+        region.carried = []
+        region.prologue = self._prologue(db, region, carried)
         return region
 
-    def _start_filling(self, db: _Database, region: _Region, carried: list[RecordHeader]) -> None:
-        """Write the region's first page, which gives its new epoch to any recovery (so a
-        failed first append cannot hide the records after it), then the carried tombstones."""
+    def _prologue(
+        self, db: _Database, region: _Region, carried: list[RecordHeader]
+    ) -> list[memoryview]:
+        """The first pages of a filling, reserved now and written in front of its first run:
+        the start record, which gives its new epoch to any recovery, then the carried
+        tombstones."""
         start = RecordHeader(Kind.REGION, 0, region.pool, "", 0, epoch=region.epoch)
         pages = []
         for record in [start, *(dataclasses.replace(r, epoch=region.epoch) for r in carried)]:
@@ -552,9 +622,15 @@ class RegionLog:
                 region.records.append((region.used_bytes, record))
                 region.footer_bytes += entry_bytes_max(record)
             region.used_bytes += HEADER_BYTES
-        try:
-            db.device.write(pages, db.region_offset(region.index))
-            db.group_sync.wrote()
-        except OSError as exc:
-            region.refill(0, 0, Pools.SHARED)  # free again: its old content is forgotten already
-            raise StorageError(f"write to database {db.index} failed: {exc}") from exc
+        return pages
+
+
+def _pack(db: _Database, run: _Run, payloads: list[memoryview | None]) -> list[memoryview]:
+    """A run's buffers: each record's header page, then its payload (if any)."""
+    pages = aligned(HEADER_BYTES * len(run.headers))
+    buffers = []
+    for i, (header, payload) in enumerate(zip(run.headers, payloads, strict=True)):
+        page = pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES]
+        pack_header(header, page, db.salt)
+        buffers += [page] if payload is None else [page, payload]
+    return buffers

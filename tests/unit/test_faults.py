@@ -107,7 +107,7 @@ def test_power_cuts_and_device_faults_never_return_wrong_bytes(policy: str) -> N
         run(store, oracle, devices, rng)
         damaged += sum(d.power_loss(rng) for d in devices)
         cuts += 1
-    assert cuts == 25 and damaged > 3  # the cuts did destroy unsynced writes
+    assert cuts == 25 and damaged > 0  # the cuts did destroy unsynced writes
 
 
 def test_a_stalled_device_slows_but_does_not_break_the_store() -> None:

@@ -3,15 +3,20 @@ a restart finds exactly the live records, skipping torn ones. Runs on every devi
 
 from __future__ import annotations
 
+import errno
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gateway.backends.base import Device
+from gateway.backends.faulty import FaultyDevice
 from gateway.backends.memory import MemoryDevice
 from gateway.backends.regionlog import RegionLog
-from gateway.errors import StartupError
-from gateway.format import Kind, RecordHeader
+from gateway.errors import StartupError, StorageError
+from gateway.format import Kind, RecordHeader, unpack_header
+from tests.support import wait_until
 from tests.unit.storage_helpers import REGION, extent, make_devices, payload
 
 SIZE = 4096 + 4 * REGION  # superblock + four regions
@@ -185,3 +190,107 @@ def test_eviction_reclaims_emptied_regions_first() -> None:
     for i in range(12, 16):
         log.append(0, header(i, 60 * 2**10), record)
     assert reclaimed[0][1] == emptied
+
+
+class GatedDevice:
+    """A memory device that records its writes and holds any write starting at ``held_offset``
+    until released: a slow first write of a region."""
+
+    def __init__(self, size: int) -> None:
+        self.inner = MemoryDevice(size)
+        self.writes: list[tuple[int, int]] = []  # (offset, bytes), as they land
+        self.held_offset = -1
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def size_bytes(self) -> int:
+        return self.inner.size_bytes
+
+    def write(self, buffers: list[memoryview], offset: int) -> None:
+        if offset == self.held_offset:
+            self.holding.set()
+            assert self.release.wait(10), "a held write was never released"
+        self.inner.write(buffers, offset)
+        self.writes.append((offset, sum(len(b) for b in buffers)))
+
+    def read(self, buffers: list[memoryview], offset: int) -> None:
+        self.inner.read(buffers, offset)
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def in_thread(work: Callable[[], object]) -> threading.Event:
+    """Run ``work`` in a thread; the event is set when it returns."""
+    done = threading.Event()
+
+    def run() -> None:
+        work()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done
+
+
+def test_a_region_is_opened_by_its_first_write_not_by_a_write_of_its_own() -> None:
+    """The start record (the filling's epoch) travels in front of the first record, in one
+    write at the region's start: opening a region costs no I/O of its own."""
+    device = GatedDevice(SIZE)
+    log = RegionLog([device], REGION, lambda *r: [])
+    device.writes.clear()  # the formatting
+    location = log.append(0, header(1, 8192), extent(payload(5, 8192)))
+    region_start = location.offset - 4096
+    assert device.writes == [(region_start, 4096 + 4096 + 8192)]
+    page = extent(bytes(4096))
+    device.read([page], region_start)
+    first = unpack_header(page, log._databases[0].salt)
+    assert first is not None and first.kind == Kind.REGION and first.epoch == location.epoch
+
+
+def test_records_settle_only_after_their_regions_first_write_landed() -> None:
+    """A record written behind a region's slow first write (which carries the epoch) is not
+    reported written, so not synced nor acknowledged, before that first write has landed."""
+    device = GatedDevice(SIZE)
+    log = RegionLog([device], REGION, lambda *r: [])
+    device.held_offset = 4096  # region 0's start, the first write of its first filling
+    device.writes.clear()  # the formatting
+    first_done = in_thread(lambda: log.append(0, header(1, 8192), extent(bytes(8192))))
+    assert device.holding.wait(10)
+    second_done = in_thread(lambda: log.append(0, header(2, 8192), extent(bytes(8192))))
+    wait_until(lambda: len(device.writes) == 1, 10, "the second record's write to land")
+    assert not second_done.wait(0.5)  # landed, but its region's first write has not
+    device.release.set()
+    assert first_done.wait(10) and second_done.wait(10)
+    assert sorted(scanned_seqs(RegionLog([device], REGION, lambda *r: []))) == [1, 2]
+
+
+def test_a_slow_region_opening_holds_up_no_other_database() -> None:
+    """No lock is held across I/O: while one database's first write into a region is stuck,
+    appends to another database go on."""
+    slow, other = GatedDevice(SIZE), GatedDevice(SIZE)
+    log = RegionLog([slow, other], REGION, lambda *r: [])
+    slow.held_offset = 4096
+    stuck_done = in_thread(lambda: log.append(0, header(1, 8192), extent(bytes(8192))))
+    assert slow.holding.wait(10)
+    done = in_thread(lambda: log.append(1, header(2, 8192), extent(bytes(8192))))
+    assert done.wait(10), "an append to database 1 waited for database 0's write"
+    assert not stuck_done.is_set()
+    slow.release.set()
+    assert stuck_done.wait(10)
+
+
+def test_a_failed_first_write_leaves_nothing_of_its_filling_and_frees_the_region() -> None:
+    """A filling whose first write failed holds no record a recovery would find; the region is
+    free again and the next append starts a new filling there."""
+    device = FaultyDevice(MemoryDevice(SIZE))
+    log = RegionLog([device], REGION, lambda *r: [])
+    device.fail("write", errno.EIO)
+    with pytest.raises(StorageError):
+        log.append(0, header(1, 8192), extent(bytes(8192)))
+    location = log.append(0, header(2, 8192), extent(bytes(8192)))
+    assert location.region == 0 and log.read(location, None) is not None
+    assert scanned_seqs(RegionLog([device.inner], REGION, lambda *r: [])) == [2]
