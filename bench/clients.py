@@ -8,9 +8,9 @@ under ``--dir``; N client processes (bench/clients_worker.py, each its own ADPCo
 plugin, as an MP server has) store ``--total-gib`` between them, ``--in-flight`` objects each
 outstanding, all starting together. The gateway is then restarted and N new processes load every
 object back and compare it byte for byte. Every point moves the same bytes. Aggregate GB/s is all
-bytes over the time from the first client's start to the last one's end. The disk probe
-(bench/device.py) moves the same bytes with the gateway's I/O size and ``io_threads`` depth, in
-the same run. Gateway CPU seconds per GB are read from /proc around each phase.
+bytes over the time from the first client's start to the last one's end. The disk's floor
+(bench/floor.py: fio and a Python probe) moves the same bytes with the gateway's I/O size and
+depth, in the same run. Gateway CPU seconds per GB are read from /proc around each phase.
 Writes ``bench/results/clients.json`` and ``bench/results/clients.md`` (GB/s = 10^9 bytes/s).
 """
 
@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import gateways
-from bench.device import device_limit, gateway_io_shape
-from bench.storage import machine
+from bench import floor, gateways
+from bench.machine import machine
 from tests.support import ROOT, Gateway, short_tmpdir
 
 RESULTS = ROOT / "bench" / "results"
@@ -115,8 +114,9 @@ def run_point(directory: Path, clients: int, args: argparse.Namespace) -> dict[s
 
 
 def disk_limit(directory: Path, total_bytes: int, object_bytes: int) -> dict[str, float]:
-    """The O_DIRECT probe with the gateway's I/O size and depth for such objects."""
-    return device_limit(directory, total_bytes, *gateway_io_shape(object_bytes))
+    """The floor (bench/floor.py) at the gateway's I/O size and depth for such objects."""
+    shapes = floor.gateway_shapes(object_bytes)
+    return floor.limit(directory / "floor", total_bytes, shapes["write"], shapes["read"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +182,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{report['bytes_per_point'] / 1e9:.2f} GB stored and loaded per point, "
                 f"{report['in_flight_per_client']} in flight per client. GB/s = 10^9 bytes/s.",
                 "",
-                f"Disk O_DIRECT limit (bench/device.py, {probe['io_bytes'] // 2**20} MiB I/Os, "
+                f"Disk O_DIRECT limit (bench/floor.py, {probe['io_bytes'] // 2**20} MiB I/Os, "
                 f"{probe['threads']} threads, before / after the points; ratios use the better): "
                 f"write {probe['write_GBps']:.3f} / {after['write_GBps']:.3f} GB/s, "
                 f"read {probe['read_GBps']:.3f} / {after['read_GBps']:.3f} GB/s.",

@@ -1,68 +1,123 @@
 """LMCache's own L2 benchmark harness (``lmcache bench l2``), one operation per process.
 
 Stores run in one process and loads in a new one (``--only store``, then ``--only load``), so a
-load never finds the bytes in the harness's memory. Each run is 1 warm-up and 2 measured rounds
-of ``keys`` keys x 2 in flight, with 4 KiB-aligned L1 buffers (O_DIRECT back ends need them).
+load never finds the bytes in the harness's memory. L1 buffers are 4 KiB aligned
+(``--l1-align-bytes 4096``), as in the server and as O_DIRECT back ends need.
+
+Throughput is the harness's own timing: bytes of the measured rounds over the sum of their
+durations (each round runs from its first submit until every submit has completed). CPU is read
+from /proc for the harness process and any other process named (the gateway), from the line the
+harness prints before its first round to the line it prints after its last, so start-up (torch
+and LMCache imports, buffer allocation) is not counted; the warm-up round is, and its bytes too.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import BIN
+from tests.support import BIN, ROOT
 
-IN_FLIGHT = 2
-ROUNDS = 2
-WARMUP_ROUNDS = 1
-
-
-def bytes_per_phase(size_kb: int, keys: int) -> int:
-    """Bytes one ``--only store`` (or load) run moves, warm-up included."""
-    return (WARMUP_ROUNDS + ROUNDS) * IN_FLIGHT * keys * size_kb * 1024
+TIMEOUT_S = 1800
+MBPS_PER_MIBPS = 1.048576
 
 
-def lmcache_bench(spec: str, only: str, size_kb: int, keys: int, out: Path) -> dict[str, Any]:
-    """Run one operation; MiB/s as the harness reports it, and the keys it moved."""
-    argv = [
-        str(BIN / "lmcache"),
-        "bench",
-        "l2",
-        "--l2-adapter",
-        spec,
-        "--only",
-        only,
-        "--l1-align-bytes",
-        "4096",
-        "--data-size-kb",
-        str(size_kb),
-        "--num-keys",
-        str(keys),
-        "--in-flight",
-        str(IN_FLIGHT),
-        "--rounds",
-        str(ROUNDS),
-        "--warmup-rounds",
-        str(WARMUP_ROUNDS),
-        "--format",
-        "json",
-        "--output",
-        str(out),
-    ]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"lmcache bench l2 failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-        )
-    metrics = json.loads(out.read_text())["metrics"]
-    op = next(m for k, m in metrics.items() if k.startswith("op_"))
+@dataclass(frozen=True)
+class Load:
+    """One harness shape: ``in_flight`` submits of ``keys`` objects of ``size_kb`` per round."""
+
+    size_kb: int
+    keys: int
+    in_flight: int
+    rounds: int
+    warmup_rounds: int = 1
+
+    @property
+    def round_bytes(self) -> int:
+        return self.size_kb * 1024 * self.keys * self.in_flight
+
+    def argv(self) -> list[str]:
+        return [
+            "--l1-align-bytes",
+            "4096",
+            "--data-size-kb",
+            str(self.size_kb),
+            "--num-keys",
+            str(self.keys),
+            "--in-flight",
+            str(self.in_flight),
+            "--rounds",
+            str(self.rounds),
+            "--warmup-rounds",
+            str(self.warmup_rounds),
+        ]
+
+
+def lmcache_bench(
+    spec: str, only: str, load: Load, out: Path, sample_pids: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """Run one operation. MB/s (10^6 bytes/s) over the measured rounds, and CPU seconds per GB
+    moved of the harness process (``client``) and of each of ``sample_pids``."""
+    argv = [str(BIN / "lmcache"), "bench", "l2", "--l2-adapter", spec, "--only", only]
+    argv += [*load.argv(), "--format", "json", "--output", str(out)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",  # so "Running" and the result banner arrive as printed
+        "LMCACHE_DISABLE_BANNER": "1",
+    }
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+    lines: list[str] = []
+    before: list[float] | None = None
+    after: list[float] | None = None
+    assert proc.stdout is not None
+    watchdog = threading.Timer(TIMEOUT_S, proc.kill)  # a hung harness must not hang the bench
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if before is None and "Running" in line:
+                before = cpu_seconds_of((proc.pid, *sample_pids))
+            elif after is None and "Benchmark Result" in line:
+                after = cpu_seconds_of((proc.pid, *sample_pids))
+        proc.wait(60)
+    finally:
+        watchdog.cancel()
+    text = "".join(lines)
+    if proc.returncode != 0 or before is None or after is None:
+        raise RuntimeError(f"lmcache bench l2 --only {only} failed:\n{text[-3000:]}")
+    op = next(m for k, m in json.loads(out.read_text())["metrics"].items() if k.startswith("op_"))
     if op["total_success"] != op["total_keys"]:
         raise RuntimeError(f"lmcache bench l2 --only {only}: not every key succeeded: {op}")
-    return {"MiBps": op["throughput_avg_mbps"], "keys": op["total_keys"]}
+    measured_bytes = op["total_keys"] * load.size_kb * 1024
+    seconds = op["duration_avg_ms"] / 1000 * (op["total_keys"] // (load.keys * load.in_flight))
+    window_gb = (load.rounds + load.warmup_rounds) * load.round_bytes / 1e9
+    cpu = [(a - b) / window_gb for a, b in zip(after, before, strict=True)]
+    return {
+        "MBps": measured_bytes / seconds / 1e6,
+        "harness_MBps": op["throughput_avg_mbps"] * MBPS_PER_MIBPS,
+        "keys": op["total_keys"],
+        "client_cpu_s_per_GB": cpu[0],
+        "sampled_cpu_s_per_GB": cpu[1:],
+    }
+
+
+def cpu_seconds_of(pids: tuple[int, ...]) -> list[float]:
+    """User + system CPU seconds each process (all its threads) has used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = []
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        seconds.append((int(fields[11]) + int(fields[12])) / ticks)
+    return seconds
 
 
 def drop_file_cache(directory: Path) -> None:
@@ -75,19 +130,3 @@ def drop_file_cache(directory: Path) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-def run_fs_native(directory: Path, size_kb: int, keys: int, odirect: bool) -> dict[str, Any]:
-    """LMCache's fs_native on ``directory``: store, drop its files' page cache, load."""
-    base, reports = directory / f"fs_native_{odirect}", directory / f"fs_native_{odirect}.out"
-    base.mkdir()
-    reports.mkdir()
-    spec = json.dumps({"type": "fs_native", "base_path": str(base), "use_odirect": odirect})
-    try:
-        store = lmcache_bench(spec, "store", size_kb, keys, reports / "store.json")
-        drop_file_cache(base)
-        load = lmcache_bench(spec, "load", size_kb, keys, reports / "load.json")
-        return {"store_MiBps": store["MiBps"], "load_MiBps": load["MiBps"]}
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(reports, ignore_errors=True)

@@ -8,7 +8,7 @@ per chunk against the target's 11.19 MB); ``--gb`` scales the prompt's length, n
 
 In one run, on ``--dir`` (the disk under test):
   1. the disk's floor: O_DIRECT writes then reads of the same bytes at the gateway's I/O size and
-     depth (bench/device.py);
+     depth (bench/floor.py);
   2. lmcache-adp: gateway + ``lmcache server`` with our plugin; the prompt is stored through the
      server (bench/long_restore_client.py, LMCache's own client), written through to the
      gateway; then the server and the gateway are restarted (empty L1, gateway reads by
@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import floor as disk_floor
 from bench import gateways
-from bench.device import device_limit, gateway_io_shape
 from bench.harness import drop_file_cache
 from bench.long_restore_report import markdown
 from tests.support import BIN, ROOT, Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
@@ -199,15 +199,19 @@ def _not_logs(directory: str, names: list[str]) -> list[str]:
     return [n for n in names if not n.endswith((".log", ".json"))]
 
 
-DEEP_PROBE = (16 * 2**20, 32)  # I/O size and threads: deeper than any contender's reads
+DEEP_PROBE = disk_floor.Shape("deep", 16 * 2**20, 32)  # deeper than any contender's reads
 
 
 def floor(setup: Setup) -> dict[str, Any]:
     """The disk's own O_DIRECT write and read of the prompt's bytes: at the gateway's I/O shape
     and at a deeper one, the faster read being the floor (a restore keeps many chunks in
     flight, so the gateway's shape alone can read slower than the restore itself)."""
-    shapes = [gateway_io_shape(setup.prompt.chunk_bytes), DEEP_PROBE]
-    probes = [device_limit(setup.directory, setup.prompt.total_bytes, *shape) for shape in shapes]
+    gateway = disk_floor.gateway_shapes(setup.prompt.chunk_bytes)
+    total = setup.prompt.total_bytes // 2**20 * 2**20
+    probes = [
+        disk_floor.limit(setup.directory / "floor", total, gateway["write"], gateway["read"]),
+        disk_floor.limit(setup.directory / "floor", total, DEEP_PROBE, DEEP_PROBE),
+    ]
     best = max(probes, key=lambda probe: probe["read_GBps"])
     return {
         **best,

@@ -44,7 +44,7 @@ def _prompt_line(prompt: dict[str, Any], target: dict[str, Any]) -> str:
 
 
 def _floor_row(floor: dict[str, Any], prompt_bytes: int) -> str:
-    shape = f"{floor['threads']} threads x {floor['io_bytes'] // 2**20} MiB"
+    shape = f"{floor['read_threads']} threads x {floor['read_io_bytes'] // 2**20} MiB"
     return (
         f"| disk floor: O_DIRECT read ({shape}) | {floor['read_s']:.2f} | | | "
         f"{floor['read_GBps']:.2f} | 1.00 | write {floor['write_GBps']:.2f} GB/s | |"

@@ -6,11 +6,11 @@
 ``--dir`` is a directory on the disk under test; everything is written there and removed after.
 Sections (``--sections``, all by default), each also runnable alone:
 
-- ``throughput`` (bench/compare_l2.py): the disk's O_DIRECT limit (bench/device.py), then
-  LMCache's harness ``lmcache bench l2 --l1-align-bytes 4096`` (store in one process, load in a
-  new one) on lmcache-adp once per sync policy (``--sync-policies``; one the gateway rejects is
-  recorded and skipped), and on fs_native with use_odirect true and false, at each object size;
-  gateway CPU seconds per GB moved.
+- ``throughput`` (bench/matrix.py): lmcache-adp with each sync policy against fs_native
+  (O_DIRECT and buffered) through LMCache's ``lmcache bench l2``, stores then loads from a new
+  process, over object sizes x keys per submit x submits in flight, against the disk's floor
+  (bench/floor.py: fio and a Python probe) in the same run; CPU seconds per GB of the gateway
+  and of the harness process. ``--quick`` runs the matrix's quick form.
 - ``exists`` (bench/exists.py): EXISTS p50/p99 for 1 and 1,000 keys through the plugin against
   a gateway holding ``--exists-objects`` objects, and inside the gateway (its own code path, in
   process) over a store of ``--index-entries`` objects.
@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -37,13 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import compare_l2, exists, restart
+from bench import exists, matrix, restart
+from bench.machine import machine
 
 SECTIONS = ("throughput", "exists", "restart")
 FULL = {
-    "sizes_kb": "256,4096,32768",
-    "keys": 8,
-    "probe_min_mb": 256,
     "exists_objects": 10_000,
     "index_entries": 100_000,
     "exists_rounds": 500,
@@ -51,9 +47,6 @@ FULL = {
     "out": "bench/results/storage",
 }
 QUICK = {
-    "sizes_kb": "4096",
-    "keys": 2,
-    "probe_min_mb": 64,
     "exists_objects": 2_000,
     "index_entries": 20_000,
     "exists_rounds": 100,
@@ -67,14 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, required=True, help="on the disk under test")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes and counts")
     parser.add_argument("--sections", default=",".join(SECTIONS))
-    parser.add_argument("--sizes-kb", help=f"object sizes (full: {FULL['sizes_kb']})")
-    parser.add_argument("--keys", type=int, help="harness keys per submit, 2 in flight")
-    parser.add_argument("--probe-min-mb", type=int, help="least data the disk probe moves")
-    parser.add_argument("--sync-policies", default=compare_l2.POLICIES)
-    parser.add_argument("--sync-interval-ms", type=int, default=50, help="for periodic")
-    parser.add_argument(
-        "--load-every-policy", action="store_true", help="not only the first policy loads"
-    )
+    parser.add_argument("--matrix-args", default="", help="passed on to bench.matrix")
     parser.add_argument("--object-kb", type=int, default=4, help="EXISTS and restart objects")
     parser.add_argument("--exists-objects", type=int, help="stored through the plugin")
     parser.add_argument("--index-entries", type=int, help="in the in-process store")
@@ -97,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     out_json, out_md = Path(f"{args.out}.json"), Path(f"{args.out}.md")
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    policies = args.sync_policies.split(",")
     started = time.time()
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.storage", *sys.argv[1:]]),
@@ -107,14 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         "failures": {},
     }
     sections: dict[str, Callable[[], Any]] = {
-        "throughput": lambda: compare_l2.run(
-            args.dir,
-            [int(s) for s in args.sizes_kb.split(",")],
-            args.keys,
-            policies,
-            args.sync_interval_ms,
-            args.probe_min_mb * 2**20,
-            args.load_every_policy,
+        "throughput": lambda: matrix.run(
+            matrix.parse_args(
+                ["--dir", str(args.dir / "matrix"), "--out", f"{args.out}-matrix"]
+                + (["--quick"] if args.quick else [])
+                + args.matrix_args.split()
+            )
         ),
         "exists": lambda: exists.run(
             args.dir,
@@ -138,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             report["failures"][name] = f"{type(exc).__name__}: {exc}"[-4000:]
         report.setdefault("section_seconds", {})[name] = round(time.perf_counter() - began, 1)
-        write(report, policies, out_json, out_md)  # after each section: a crash keeps the rest
+        write(report, out_json, out_md)  # after each section: a crash keeps the rest
     report["seconds"] = round(time.time() - started, 1)
     report["machine"]["loadavg_end"] = os.getloadavg()
-    write(report, policies, out_json, out_md)
+    write(report, out_json, out_md)
     print(out_md.read_text())
     print(f"wrote {out_json} and {out_md}")
     return 1 if report["failures"] else 0
@@ -170,12 +153,12 @@ def _found(result: Any, key: str) -> list[Any]:
     return []
 
 
-def write(report: dict[str, Any], policies: list[str], out_json: Path, out_md: Path) -> None:
+def write(report: dict[str, Any], out_json: Path, out_md: Path) -> None:
     out_json.write_text(json.dumps(report, indent=1) + "\n")
-    out_md.write_text(markdown(report, policies))
+    out_md.write_text(markdown(report))
 
 
-def markdown(report: dict[str, Any], policies: list[str]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     machine_info = report["machine"]
     parts = [
         "# Storage benchmarks",
@@ -185,16 +168,8 @@ def markdown(report: dict[str, Any], policies: list[str]) -> str:
         f"start, `{machine_info['dir_filesystem']}`. MB/s = 10^6 bytes/s.",
     ]
     if "throughput" in report:
-        parts += [
-            "",
-            "## Throughput through `lmcache bench l2` (cold loads from a new process)",
-            "",
-            compare_l2.table(report["throughput"], policies),
-            "",
-            "## lmcache-adp per sync policy",
-            "",
-            compare_l2.sync_table(report["throughput"], policies),
-        ]
+        text = matrix.markdown(report["throughput"])
+        parts += ["", *("#" + line if line.startswith("#") else line for line in text.splitlines())]
     if "exists" in report:
         parts += ["", "## EXISTS latency", "", exists.table(report["exists"])]
     if "restart" in report:
@@ -207,41 +182,6 @@ def markdown(report: dict[str, Any], policies: list[str]) -> str:
     for name, why in report["failures"].items():
         parts += ["", f"**{name} failed**: `{why.splitlines()[-1] if why else why}`"]
     return "\n".join(parts) + "\n"
-
-
-def machine(directory: Path) -> dict[str, Any]:
-    """What the numbers depend on: the code, the CPUs and how busy they were, the filesystem."""
-    commit = _git("rev-parse", "--short", "HEAD")
-    if _git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
-    return {
-        "commit": commit,
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "loadavg_start": os.getloadavg(),
-        "dir_filesystem": _filesystem(directory),
-    }
-
-
-def _git(*args: str) -> str:
-    try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30)
-    except OSError:
-        return "unknown"
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
-
-
-def _filesystem(directory: Path) -> str:
-    """``device on mountpoint type fstype`` of the mount holding ``directory``."""
-    path = str(directory.resolve())
-    best = ("", "?", "?")
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            device, mountpoint, fstype = line.split()[:3]
-            inside = path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
-            if inside and len(mountpoint) >= len(best[0]):
-                best = (mountpoint, device, fstype)
-    return f"{best[1]} on {best[0]} type {best[2]}"
 
 
 if __name__ == "__main__":

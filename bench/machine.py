@@ -1,0 +1,44 @@
+"""What a benchmark's numbers depend on: the code, the CPUs and their load, the filesystem."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def machine(directory: Path) -> dict[str, Any]:
+    """What the numbers depend on: the code, the CPUs and how busy they were, the filesystem."""
+    commit = _git("rev-parse", "--short", "HEAD")
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    return {
+        "commit": commit,
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "dir_filesystem": _filesystem(directory),
+    }
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def _filesystem(directory: Path) -> str:
+    """``device on mountpoint type fstype`` of the mount holding ``directory``."""
+    path = str(directory.resolve())
+    best = ("", "?", "?")
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            device, mountpoint, fstype = line.split()[:3]
+            inside = path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
+            if inside and len(mountpoint) >= len(best[0]):
+                best = (mountpoint, device, fstype)
+    return f"{best[1]} on {best[0]} type {best[2]}"
