@@ -7,9 +7,14 @@ starve another's. Admission control: while the bytes of queued stores exceed
 and LMCache keeps the chunk in L1) instead of holding LMCache's buffers for longer.
 EXISTS never comes here: the session answers it from the index.
 
-Write depth: stores running at once may hold at most ``store_inflight_max`` bytes (one store
+Write depth: stores writing at once may hold at most ``store_inflight_max`` bytes (one store
 always may run). A load that arrives then finds free I/O threads and, at the disk, queues behind
-that much writing at most, instead of behind every store the I/O threads could hold.
+that much writing at most, instead of behind every store the I/O threads could hold. A store
+whose writes have landed (``writes_landed``, called from inside its task) stops counting while
+it waits for its group commit, so the next store's writes go to the disk meanwhile.
+
+Waking: an I/O thread that finishes a task takes the next itself; idle threads are woken only
+as many as there are queued tasks, never all of them for nothing.
 
 Stall containment: each task names the databases its I/O touches, and at most
 ``per_database_max`` running tasks may touch any one database. A database that stalls for
@@ -43,6 +48,8 @@ class Task:
     run: Callable[[], None] = field(repr=False)  # does the work and completes the op
     cancel: Callable[[int], None] = field(repr=False)  # completes the op with this Status
     databases: frozenset[int] = frozenset()  # what its I/O touches
+    # Of its bytes, those counted against store_inflight_max now (while a store writes).
+    writing_bytes: int = field(default=0, init=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,10 @@ class Scheduler:
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
+        self._queued = 0
         self._ready = threading.Condition()
         self._closed = False
+        self._current = threading.local()  # the task each I/O thread runs, from next to finished
 
     def submit(self, task: Task) -> bool:
         """Queue ``task``; False when refused (store backlog over its bound, or closed)."""
@@ -79,6 +88,7 @@ class Scheduler:
                     return False
                 self._store_backlog_bytes = backlog
             self._queues[task.priority].setdefault(task.session_id, deque()).append(task)
+            self._queued += 1
             self._ready.notify()
             return True
 
@@ -90,15 +100,29 @@ class Scheduler:
             if task is None and not self._closed:
                 self._ready.wait(timeout_s)
                 task = self._pop()
+            self._current.task = task
             return task
+
+    def writes_landed(self) -> None:
+        """Called by the task this thread runs: a store's writes are on the device, so its
+        bytes no longer count against ``store_inflight_max`` (it may still wait for a sync)."""
+        task: Task | None = getattr(self._current, "task", None)
+        if task is None or not task.writing_bytes:
+            return
+        with self._ready:
+            self._store_running_bytes -= task.writing_bytes
+            task.writing_bytes = 0
+            self._wake()
 
     def finished(self, task: Task) -> None:
         """``task`` (from ``next``) is done: its databases may take another."""
         with self._ready:
             self._running.subtract(task.databases)
-            if task.priority == Priority.STORE:
-                self._store_running_bytes -= task.data_bytes
-            self._ready.notify_all()
+            self._store_running_bytes -= task.writing_bytes
+            task.writing_bytes = 0
+            if getattr(self._current, "task", None) is task:
+                self._current.task = None
+            self._wake()
 
     def drop_session(self, session_id: int) -> list[Task]:
         """Remove and return every queued task of a session that went away."""
@@ -160,6 +184,7 @@ class Scheduler:
                 self._release([task])
                 self._running.update(task.databases)
                 if task.priority == Priority.STORE:
+                    task.writing_bytes = task.data_bytes
                     self._store_running_bytes += task.data_bytes
                 return task
         return None
@@ -179,6 +204,14 @@ class Scheduler:
         return limit is None or all(self._running[d] < limit for d in task.databases)
 
     def _release(self, tasks: list[Task]) -> None:
+        """Under the lock: ``tasks`` left the queues."""
+        self._queued -= len(tasks)
         self._store_backlog_bytes -= sum(
             t.data_bytes for t in tasks if t.priority == Priority.STORE
         )
+
+    def _wake(self) -> None:
+        """Under the lock: room was freed; wake at most one idle thread per queued task (the
+        caller, if an I/O thread, takes one itself when it next asks)."""
+        if self._queued:
+            self._ready.notify(self._queued)

@@ -98,7 +98,12 @@ class Gateway:
             lambda *region: store_ref[0].on_reclaim(*region),
             Pools(config_module.region_quotas(self.config)),
         )
-        store = Store(region_log, self.config.fragment_size, sync=self.config.sync == "always")
+        store = Store(
+            region_log,
+            self.config.fragment_size,
+            sync=self.config.sync == "always",
+            on_written=self.scheduler.writes_landed,
+        )
         store_ref.append(store)
         started = time.monotonic()
         count = store.recover()

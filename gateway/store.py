@@ -55,10 +55,20 @@ class StoreStatistics:
 
 
 class Store:
-    def __init__(self, region_log: RegionLog, fragment_bytes_max: int, sync: bool) -> None:
+    def __init__(
+        self,
+        region_log: RegionLog,
+        fragment_bytes_max: int,
+        sync: bool,
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
+        """``sync``: a store returns once an fdatasync covers it (else once written).
+        ``on_written`` is called by a store's thread when its writes have landed, before it
+        waits for that sync (the scheduler then lets the next store's writes go)."""
         self._log = region_log
         self._fragment_bytes_max = fragment_bytes_max
         self._sync = sync
+        self._on_written = on_written or (lambda: None)
         self.index = Index()
         self._seq = itertools.count(1)
         self._seq_lock = threading.Lock()
@@ -167,6 +177,7 @@ class Store:
             for fragment, location in zip(fragments, written[database], strict=True)
         }
         locations = [placed[i] for i in range(len(plan))]
+        self._on_written()
         if self._sync:
             self._log.sync(synced | {loc.database for loc in locations})
         manifest = Manifest(seq, object_bytes, self._fragment_bytes_max, tuple(locations))

@@ -5,9 +5,11 @@ of bytes."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from gateway.scheduler import Priority, Scheduler, Task
+from tests.support import wait_until
 
 
 def task(
@@ -139,3 +141,47 @@ def test_queued_tasks_past_their_deadline_are_dropped_without_a_thread() -> None
     assert scheduler.drop_expired() == [late, late_store]
     assert scheduler.statistics().store_backlog_bytes == 0  # its bytes are given back
     assert drain(scheduler) == [alive]
+
+
+def live_store(size: int) -> Task:
+    deadline_ns = time.monotonic_ns() + 60 * 10**9
+    return Task(Priority.STORE, 1, deadline_ns, size, lambda: None, lambda status: None)
+
+
+def test_a_store_waiting_for_its_sync_lets_the_next_store_write() -> None:
+    """Once a store's writes have landed it may wait for its group commit, but its bytes no
+    longer hold back the next store's writes; they are not given back twice either."""
+    scheduler = Scheduler(10**9, store_inflight_bytes_max=64)
+    stores = [live_store(48) for _ in range(3)]
+    for t in stores:
+        assert scheduler.submit(t)
+    assert scheduler.next(0) is stores[0]
+    scheduler.writes_landed()  # called from inside stores[0], by the thread running it
+    assert scheduler.next(0) is stores[1]
+    assert scheduler.next(0) is None  # stores[1] writes 48; another 48 would make 96
+    scheduler.finished(stores[0])
+    assert scheduler.next(0) is None  # stores[0]'s bytes were given back once already
+    scheduler.finished(stores[1])
+    assert scheduler.next(0) is stores[2]
+
+
+def test_a_finished_task_wakes_no_idle_thread_when_nothing_is_queued() -> None:
+    """An idle I/O thread sleeps until there is work or its timeout: finishing a task with an
+    empty queue does not wake every idle thread for nothing."""
+    scheduler = Scheduler(10**9)
+    load = on({0})
+    scheduler.submit(load)
+    assert scheduler.next(0) is load
+    returned: list[float] = []
+
+    def idle() -> None:
+        started = time.monotonic()
+        scheduler.next(timeout_s=0.5)
+        returned.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=idle)
+    thread.start()
+    wait_until(lambda: len(scheduler._ready._waiters) == 1, 10, "the idle thread to wait")  # type: ignore[attr-defined]
+    scheduler.finished(load)
+    thread.join(10)
+    assert returned and returned[0] >= 0.45, "the idle thread was woken with nothing to do"

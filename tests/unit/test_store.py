@@ -11,6 +11,8 @@ import pytest
 
 from gateway.backends.base import Device
 from gateway.backends.memory import MemoryDevice
+from gateway.backends.regionlog import RegionLog
+from gateway.store import Store
 from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * REGION
@@ -153,3 +155,27 @@ def test_recovery_refuses_fragments_that_do_not_cover_their_object() -> None:
     assert _assemble(7, {0: whole[0], 1: (at, 8192, 0, 4096, 2)}) is None  # wrong offset
     assert _assemble(7, {0: whole[0], 1: (at, 8192, 4096, 100, 2)}) is None  # short
     assert _assemble(7, {1: whole[1]}) is None
+
+
+class SyncLog(MemoryDevice):
+    """A memory device that notes each sync in a shared list of events."""
+
+    def __init__(self, size: int, events: list[str]) -> None:
+        super().__init__(size)
+        self.events = events
+
+    def sync(self) -> None:
+        self.events.append("sync")
+        super().sync()
+
+
+def test_a_store_reports_its_writes_landed_before_it_waits_for_its_sync() -> None:
+    """``on_written`` runs once the store's writes are on the device and before the group
+    commit it waits for, so the scheduler can let the next store write meanwhile."""
+    events: list[str] = []
+    region_log = RegionLog([SyncLog(4096 + 8 * REGION, events)], REGION, lambda *r: [])
+    store = Store(region_log, 64 * 2**10, sync=True, on_written=lambda: events.append("written"))
+    store.recover()
+    events.clear()
+    store.put("t", "k", extent(payload(1, 100_000)), 100_000)
+    assert events == ["written", "sync"]
