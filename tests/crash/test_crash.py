@@ -26,6 +26,10 @@ What must hold (a violation fails the test, naming cycle, key, expected, seen an
    store of another length. The check loads every length stored since the last acknowledged
    delete, so an older version that came back is seen.
 
+Every configuration above runs with ``sync: always``; ``*_sync_periodic`` and ``*_sync_none``
+check the same promises under the cheaper policies, which differ only on a power cut (modelled
+in tests/unit/test_faults.py), never on a kill of the gateway.
+
 Short form (default, CI): a few cycles per configuration. Long form: ``-m slow``, 100 cycles per
 configuration. ``ADP_CRASH_CYCLES`` overrides the cycle count of both, ``ADP_CRASH_SEED`` the
 random seed (printed with the result); ``ADP_CRASH_KEEP=1`` keeps the work dirs (gateway log,
@@ -90,7 +94,6 @@ fragment_size: {FRAGMENT_BYTES}
 io_threads: 4
 session_slots: 64
 session_window_size: 64MiB
-sync: always
 log_level: DEBUG
 """
 RUN_S = (0.2, 1.5)  # how long the driver runs before the kill
@@ -108,11 +111,24 @@ class CrashConfig:
     name: str
     capacity_bytes: int
     strict: bool  # no eviction: acknowledged objects must survive
+    shared_l1: bool = False  # the driver's buffers in a shared-memory L1: zero-copy stores
+    # The gateway's sync policy. A kill of the gateway process loses nothing acknowledged under
+    # any of them: an acknowledged write is in the kernel (O_DIRECT: on the device) already.
+    sync: str = "always"
 
 
 CONFIGS = {
     "no_eviction": CrashConfig("no_eviction", 2 * 2**30, strict=True),
     "eviction": CrashConfig("eviction", 16 * 2**20, strict=False),
+    "no_eviction_shared_l1": CrashConfig("no_eviction_shared_l1", 2 * 2**30, True, True),
+    "eviction_shared_l1": CrashConfig("eviction_shared_l1", 16 * 2**20, False, True),
+    "no_eviction_sync_periodic": CrashConfig(
+        "no_eviction_sync_periodic", 2 * 2**30, strict=True, sync="periodic"
+    ),
+    "no_eviction_sync_none": CrashConfig(
+        "no_eviction_sync_none", 2 * 2**30, strict=True, sync="none"
+    ),
+    "eviction_sync_none": CrashConfig("eviction_sync_none", 16 * 2**20, strict=False, sync="none"),
 }
 
 
@@ -148,7 +164,7 @@ class Harness:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         config_path = self.workdir / "gateway.yaml"
-        config_path.write_text(GATEWAY_YAML)
+        config_path.write_text(GATEWAY_YAML + f"sync: {self.config.sync}\n")
         self.gateway = Gateway(
             self.workdir, str(self.config.capacity_bytes), "--config", str(config_path)
         )
@@ -175,6 +191,7 @@ class Harness:
         self.stats["ring_errors_gateway"] = self.gateway.log().count(GATEWAY_RING_ERROR)
         driver_log = _text(self.workdir / "driver.log")
         self.stats["ring_errors_driver"] = driver_log.count(PLUGIN_RING_ERROR)
+        self.stats["zero_copy_sessions"] = self.gateway.log().count("(zero-copy to its L1)")
 
     def check_disk(self) -> None:
         """After the last restart (which recovered and sealed what the kills left) and a clean
@@ -218,6 +235,8 @@ class Harness:
         argv += ["--events", str(events_path), "--seed", str(self.rng.randrange(2**32))]
         if self.plant_wrong_bytes:
             argv.append("--plant-wrong-bytes")
+        if self.config.shared_l1:
+            argv.append("--shared-l1")
         env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
         self.driver.spawn(argv, env=env)
         driver = self.driver
@@ -534,6 +553,8 @@ def run_and_report(harness: Harness, count: int, capsys: pytest.CaptureFixture[s
         )
     if not harness.config.strict and count >= 3:
         assert harness.stats["regions_reclaimed"] > 0, "the eviction config never evicted"
+    if harness.config.shared_l1:  # the driver's stores of whole pages went zero-copy
+        assert harness.stats["zero_copy_sessions"] >= count, "the gateway never took the L1"
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
