@@ -31,9 +31,12 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing import shared_memory
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import numpy as np
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -41,11 +44,13 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 from lmcache_adp import ADPConnector
 from tests.crash.model import (
     ABSENT,
+    BATCH_KEYS_MAX,
     EXIT_VIOLATION,
     HOT_KEYS,
     INFLIGHT_MAX,
     OP_TIMEOUT_S,
     PAGE,
+    SIZE_MAX,
     SIZES,
     Model,
     content,
@@ -62,7 +67,45 @@ class _Batch:
     keys: list[int]
     lengths: list[int]
     numbers: list[int]
-    buffers: list[bytearray] = field(default_factory=list)
+    buffers: list[memoryview] = field(default_factory=list)
+
+
+class SharedL1:
+    """Buffers in a shared-memory segment named as ``lmcache server --shm-name`` names its L1,
+    so the plugin takes the zero-copy path for stores of whole pages, as it does in the server.
+    Fixed slots of the largest object, page aligned; a batch's slots return when it completes
+    (as LMCache's L1 gets its buffers back), so a slot may be reused while a gateway that
+    missed the deadline still writes from it."""
+
+    def __init__(self, slots: int) -> None:
+        self._slot_bytes = -(-SIZE_MAX // PAGE) * PAGE
+        name = f"lmcache_l1_pool_crash{os.getpid()}"
+        self._segment = shared_memory.SharedMemory(name, create=True, size=slots * self._slot_bytes)
+        self._free = list(range(slots))
+        self._views: list[memoryview] = []
+
+    def take(self, data: bytes | bytearray) -> memoryview:
+        slot = self._free.pop()
+        start = slot * self._slot_bytes
+        view = self._segment.buf[start : start + len(data)]
+        view[:] = data
+        self._views.append(view)
+        return view
+
+    def give_back(self, views: list[memoryview]) -> None:
+        base = self._address(self._segment.buf)
+        for view in views:
+            self._free.append((self._address(view) - base) // self._slot_bytes)
+
+    def close(self) -> None:
+        for view in self._views:
+            view.release()
+        self._segment.close()
+        self._segment.unlink()
+
+    @staticmethod
+    def _address(view: memoryview) -> int:
+        return int(np.frombuffer(view, np.uint8).ctypes.data) if len(view) else 0
 
 
 class EventLog:
@@ -87,6 +130,8 @@ class Driver:
         self.rng = random.Random(args.seed)
         self.log = EventLog(Path(args.events))
         self.plant_wrong_bytes: bool = args.plant_wrong_bytes
+        # Before the plugin starts: it looks for LMCache's L1 segment when it connects.
+        self.l1 = SharedL1(INFLIGHT_MAX * BATCH_KEYS_MAX) if args.shared_l1 else None
         self.connector = ADPConnector(
             socket_path=args.socket, op_timeout_s=OP_TIMEOUT_S, reconnect_interval_s=0.05
         )
@@ -117,7 +162,10 @@ class Driver:
             ready, _, _ = select.select([self.connector.event_fd()], [], [], 0.1)
             if ready:
                 for future_id, ok, _error, results in self.connector.drain_completions():
-                    self._complete(self.inflight.pop(future_id), ok, results or [])
+                    batch = self.inflight.pop(future_id)
+                    self._complete(batch, ok, results or [])
+                    if self.l1 is not None:  # LMCache has its buffers back
+                        self.l1.give_back(batch.buffers)
             if self.failures_in_a_row:  # the gateway is down: fail fast, but do not spin
                 time.sleep(min(0.05, 0.005 * self.failures_in_a_row))
         self.log.write(ev="end", why="stopped", counts=self.counts)
@@ -126,6 +174,8 @@ class Driver:
     def close(self) -> None:
         self.connector.close()
         self.log.close()
+        if self.l1 is not None:
+            self.l1.close()
 
     def _wait_connected(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -174,7 +224,8 @@ class Driver:
             if roll < 0.86
             else "delete"
         )
-        keys = self._pick_keys(self.rng.randint(1, {"exists": 8, "delete": 2}.get(op, 3)))
+        count = {"exists": 8, "delete": 2}.get(op, BATCH_KEYS_MAX)
+        keys = self._pick_keys(self.rng.randint(1, count))
         if not keys:
             return None
         lengths = [self._length_for(op, key) for key in keys]
@@ -212,11 +263,12 @@ class Driver:
                 self.log.write(ev="submit", op="delete", n=n, key=key)
         self.busy.update(batch.keys)
         if batch.op == "store":
-            batch.buffers = [content(k, n) for k, n in zip(batch.keys, batch.lengths, strict=True)]
-            future_id = self.connector.submit_batch_set(names, _views(batch.buffers))
+            pairs = zip(batch.keys, batch.lengths, strict=True)
+            batch.buffers = [self._buffer(content(k, n)) for k, n in pairs]
+            future_id = self.connector.submit_batch_set(names, batch.buffers)
         elif batch.op == "load":
-            batch.buffers = [bytearray(b"\xa5" * n) for n in batch.lengths]
-            future_id = self.connector.submit_batch_get(names, _views(batch.buffers))
+            batch.buffers = [self._buffer(b"\xa5" * n) for n in batch.lengths]
+            future_id = self.connector.submit_batch_get(names, batch.buffers)
         elif batch.op == "exists":
             future_id = self.connector.submit_batch_exists(names)
         else:
@@ -227,6 +279,10 @@ class Driver:
 
     def _count(self, name: str, by: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + by
+
+    def _buffer(self, data: bytes | bytearray) -> memoryview:
+        """An L1 buffer holding ``data``: in the shared segment, or private memory."""
+        return memoryview(bytearray(data)) if self.l1 is None else self.l1.take(data)
 
     def _complete(self, batch: _Batch, ok: bool, results: list[bool]) -> None:
         self.busy.difference_update(batch.keys)
@@ -249,14 +305,14 @@ class Driver:
                 self._check_exists(n, key, ok, results[i])
 
     def _check_load(
-        self, n: int, key: int, length: int, ok: bool, hit: bool, buffer: bytearray
+        self, n: int, key: int, length: int, ok: bool, hit: bool, buffer: memoryview
     ) -> None:
         state = self.model.states[key]
         if hit:
             self._count("load_hits")
             if self.plant_wrong_bytes and not self.violations:
                 buffer[length // 2] ^= 0xFF  # a planted gateway bug: the controller must fail
-            match = buffer == content(key, length)
+            match = buffer == content(key, length)  # type: ignore[comparison-overlap]
             self.log.write(ev="ack", op="load", n=n, key=key, len=length, hit=True, match=match)
             if not match:
                 self._violation(
@@ -302,16 +358,17 @@ class Driver:
         print(f"VIOLATION {kind} key {key}: {text}", file=sys.stderr, flush=True)
 
 
-def _views(buffers: list[bytearray]) -> list[memoryview]:
-    return [memoryview(b) for b in buffers]
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.crash.driver")
     parser.add_argument("--socket", required=True, help="the gateway's Unix socket")
     parser.add_argument("--state", required=True, help="JSON: the model, strict and budget")
     parser.add_argument("--events", required=True, help="JSON-lines file the events go to")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--shared-l1",
+        action="store_true",
+        help="keep every buffer in a shared-memory L1 segment (the zero-copy path)",
+    )
     parser.add_argument(
         "--plant-wrong-bytes",
         action="store_true",

@@ -22,7 +22,8 @@ ABSENT = 0  # the state of a key with no object (never stored, deleted); lengths
 PAGE = 4096
 FRAGMENT_BYTES = 256 * 2**10  # the crash configs' fragment_size (test_crash.py writes it)
 # (length, weight): a few KiB to a few MiB; unaligned lengths, a fragment exactly, one byte
-# more (two fragments), and objects of 3 and 11 fragments striped over both databases.
+# more (two fragments), and objects of 3 and 11 fragments striped over both databases. With L1
+# in shared memory, the lengths of whole pages go zero-copy, the others through the window.
 SIZES: tuple[tuple[int, int], ...] = (
     (4096, 20),
     (16_484, 20),
@@ -30,10 +31,12 @@ SIZES: tuple[tuple[int, int], ...] = (
     (FRAGMENT_BYTES, 12),
     (FRAGMENT_BYTES + 1, 10),
     (700_001, 12),
+    (3 * FRAGMENT_BYTES, 8),
     (2_621_447, 6),
 )
 SIZE_MAX = max(length for length, _ in SIZES)
 INFLIGHT_MAX = 8
+BATCH_KEYS_MAX = 3  # keys in one store or load batch
 HOT_KEYS = 24  # half of the picks go to these, so keys see overwrites and deletes often
 OP_TIMEOUT_S = 5.0
 _STAMP = struct.Struct("<4sIII")  # at the start of every page: magic, key, length, page number
