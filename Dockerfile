@@ -70,15 +70,16 @@ ENV PATH=/opt/venv/bin:$PATH \
     NUMBA_CACHE_DIR=/tmp/numba-cache
 # NUMBA_CACHE_DIR: LMCache's numba kernels cache their compilation, which needs a writable
 # directory; site-packages is not one for the non-root user (LMCache then runs CLI-only).
-# The socket dir is setgid lmcache, so a socket made in it belongs to that group even without
-# `socket_group`; the data dir is the gateway's alone (it makes its databases 0600 anyway).
+# The socket dir is writable by the gateway alone (the plugin refuses a socket in a directory
+# others can write), searchable by group lmcache, and setgid, so the socket belongs to that
+# group whatever group the gateway runs as. The data dir is the gateway's alone.
 RUN groupadd --gid "$ADP_GID" lmcache \
  && useradd --uid "$ADP_UID" --gid lmcache --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin adp \
  && mkdir -p /var/lib/lmcache-adp /run/lmcache-adp /opt/lmcache-adp \
  && chown adp:lmcache /var/lib/lmcache-adp /run/lmcache-adp \
  && chmod 0700 /var/lib/lmcache-adp \
- && chmod 2770 /run/lmcache-adp
+ && chmod 2750 /run/lmcache-adp
 COPY --from=build /opt/venv /opt/venv
 COPY configs /opt/lmcache-adp/configs
 COPY deploy/docker/entrypoint.sh /usr/local/bin/adp-entrypoint

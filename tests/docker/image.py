@@ -4,8 +4,8 @@ It needs a Docker daemon, a base image and the wheels:
 - the base: ``$ADP_DOCKER_BASE_IMAGE``, else the local image that scripts/docker-base.sh makes
   (no registry needed); ``python:3.11-slim-bookworm`` works where Docker Hub is reachable;
 - the wheels: deploy/docker/wheels/ is filled with the CPU torch wheel the host's pip holds
-  locally and ``pip download`` of the project's dependencies, and the image is built with
-  ``PIP_NO_INDEX=1``: no index is reached from inside the build, and a rebuild reuses them.
+  locally and ``pip download`` of the project's dependencies (kept in $ADP_DOCKER_CACHE), and
+  the image is built with ``PIP_NO_INDEX=1``: no index is reached from inside the build.
   Without a local CPU torch wheel the build uses the Dockerfile's defaults (PyPI and PyTorch's
   CPU index).
 """
@@ -79,9 +79,9 @@ def dockerfile_arg(name: str) -> str:
     return found.group(1)
 
 
-def pip_download(*args: str) -> subprocess.CompletedProcess[str]:
+def pip_download(dest: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(WHEELS), *args],
+        [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest), *args],
         capture_output=True,
         text=True,
         timeout=PIP_TIMEOUT_S,
@@ -98,49 +98,69 @@ def python_version(base: str) -> str:
 
 
 def fill_wheels(python: str) -> bool:
-    """Fill deploy/docker/wheels/ with every wheel the build needs, for the base image's
-    ``python``; False when this host has no CPU torch wheel of its own (then the build reaches
-    the indexes itself)."""
+    """Put in deploy/docker/wheels/ every wheel the build needs, for the base image's ``python``;
+    False when this host has no CPU torch wheel of its own (then the build reaches the indexes
+    itself). The wheels are downloaded once into $ADP_DOCKER_CACHE (as scripts/docker-base.sh's
+    tarball) and linked from there, so a new checkout on the same machine, as CI's, reuses them
+    and the build's layers."""
     torch = f"torch=={dockerfile_arg('TORCH_VERSION')}"
     constraints = [torch, f"lmcache=={dockerfile_arg('LMCACHE_VERSION')}"]
     with open(ROOT / "pyproject.toml", "rb") as f:
         requirements: list[str] = tomllib.load(f)["project"]["dependencies"]
     key = "\n".join([python, *constraints, *requirements])
-    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    stamp = WHEELS / f".complete-{digest}"
-    if stamp.exists():
-        return True
-    for old in [*WHEELS.glob("*.whl"), *WHEELS.glob(".complete-*")]:
-        old.unlink()
-    # Only what the host's pip holds on local disk (its find-links): never a CUDA download.
-    if pip_download("--no-index", "--no-deps", torch).returncode != 0:
-        return False
-    if not any("+cpu" in wheel.name for wheel in WHEELS.glob("torch-*.whl")):
-        return False
-    constraint_file = WHEELS / ".constraints.txt"
-    constraint_file.write_text("\n".join(constraints) + "\n")
-    target = ["--python-version", python, "--only-binary", ":all:", "--constraint"]
-    for _ in range(MARKER_PASSES_MAX):
-        fetched = pip_download(*target, str(constraint_file), *requirements)
-        assert fetched.returncode == 0, f"pip download failed:\n{fetched.stderr[-3000:]}"
-        requirements = missing_requirements(python)
-        if not requirements:
-            break
-    else:
-        raise AssertionError(f"wheels still missing for Python {python}: {requirements}")
-    constraint_file.unlink()
-    stamp.touch()
+    store = cache_dir() / f"wheels-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    if not (store / ".complete").exists():
+        for old in cache_dir().glob("wheels-*"):
+            shutil.rmtree(old)
+        store.mkdir(parents=True)
+        if not download_wheels(store, python, constraints, requirements):
+            return False
+        (store / ".complete").touch()
+    for stale in WHEELS.glob("*.whl"):
+        if not (store / stale.name).exists():
+            stale.unlink()
+    for wheel in store.glob("*.whl"):
+        if not (WHEELS / wheel.name).exists():
+            try:
+                os.link(wheel, WHEELS / wheel.name)
+            except OSError:  # another file system
+                shutil.copyfile(wheel, WHEELS / wheel.name)
     return True
 
 
-def missing_requirements(python: str) -> list[str]:
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "lmcache-adp" / "docker"
+    return Path(os.environ.get("ADP_DOCKER_CACHE") or default)
+
+
+def download_wheels(
+    store: Path, python: str, constraints: list[str], requirements: list[str]
+) -> bool:
+    # torch only from what the host's pip holds on local disk (its find-links): never CUDA.
+    if pip_download(store, "--no-index", "--no-deps", constraints[0]).returncode != 0:
+        return False
+    if not any("+cpu" in wheel.name for wheel in store.glob("torch-*.whl")):
+        return False
+    constraint_file = store / "constraints.txt"
+    constraint_file.write_text("\n".join(constraints) + "\n")
+    target = ["--python-version", python, "--only-binary", ":all:", "--constraint"]
+    for _ in range(MARKER_PASSES_MAX):
+        fetched = pip_download(store, *target, str(constraint_file), *requirements)
+        assert fetched.returncode == 0, f"pip download failed:\n{fetched.stderr[-3000:]}"
+        requirements = missing_requirements(store, python)
+        if not requirements:
+            return True
+    raise AssertionError(f"wheels still missing for Python {python}: {requirements}")
+
+
+def missing_requirements(store: Path, python: str) -> list[str]:
     """Dependencies of the wheels here that the base image's ``python`` needs and none of them
     provides. pip evaluates markers against the Python running it, even with --python-version,
     so a host on 3.11.7 skips what 3.11.2 needs (redis wants async-timeout below 3.11.3)."""
     environment = {key: str(value) for key, value in default_environment().items()}
     environment["extra"] = ""
     environment.update(python_full_version=python, python_version=".".join(python.split(".")[:2]))
-    wheels = list(WHEELS.glob("*.whl"))
+    wheels = list(store.glob("*.whl"))
     have = {parse_wheel_filename(wheel.name)[0] for wheel in wheels}
     missing: set[str] = set()
     for wheel in wheels:

@@ -12,6 +12,7 @@ Skipped, with the reason, where no Docker daemon answers or no base image is the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from lmcache_adp.config import ADPParams
 from tests.docker.image import ROOT, Unavailable, build, docker
 from tests.support import remove_tree, short_tmpdir, wait_until
 
@@ -53,19 +55,20 @@ class Dirs:
             path.mkdir()
         self.out.chmod(0o777)  # written by containers of several users
         if os.geteuid() == 0:
-            # As the image sets its own: the data dir the gateway's alone, the socket dir setgid
-            # to the group whose members may connect.
+            # As the image sets its own: the data dir the gateway's alone; the socket dir
+            # writable by the gateway alone, searchable by (and setgid to) the socket's group.
             for path in (self.data, self.socket):
                 os.chown(path, UID, GID)
             self.data.chmod(0o700)
-            self.socket.chmod(0o2770)
+            self.socket.chmod(0o2750)
 
     @property
     def socket_path(self) -> Path:
         return self.socket / "gateway.sock"
 
-    def mounts(self) -> list[str]:
-        return ["-v", f"{self.socket}:/run/lmcache-adp", "-v", f"{self.out}:/out"]
+    def mounts(self, socket_mode: str = "ro") -> list[str]:
+        """Clients mount the socket dir read-only: enough to connect."""
+        return ["-v", f"{self.socket}:/run/lmcache-adp:{socket_mode}", "-v", f"{self.out}:/out"]
 
 
 def run_as() -> list[str]:
@@ -81,13 +84,13 @@ class Containers:
         self.image, self.dirs = image, dirs
         self.names: list[str] = []
 
-    def start(self, *args: str, health_interval_s: int = 1) -> str:
+    def start(self, *args: str, socket_mode: str = "ro", health_interval_s: int = 1) -> str:
         """A detached container running ``args`` (the entrypoint's), health-checked every
         second (the image's default is 30 s) so that waits stay short."""
         name = f"adp-test-{os.getpid()}-{len(self.names)}"
         self.names.append(name)
         flags = ["--network", "none", f"--health-interval={health_interval_s}s", *run_as()]
-        mounts = ["-v", f"{self.dirs.data}:/var/lib/lmcache-adp", *self.dirs.mounts()]
+        mounts = ["-v", f"{self.dirs.data}:/var/lib/lmcache-adp", *self.dirs.mounts(socket_mode)]
         started = docker("run", "--detach", "--name", name, *flags, *mounts, self.image, *args)
         assert started.returncode == 0, started.stderr
         return name
@@ -143,13 +146,18 @@ def wait_healthy(name: str, timeout_s: float = 180) -> None:
 
 
 def start_gateway(containers: Containers) -> str:
-    name = containers.start("gateway", "--capacity", "1GiB")
+    name = containers.start("gateway", "--capacity", "1GiB", socket_mode="rw")
     wait_healthy(name)
     return name
 
 
 def l2_adapter(socket_path: str | Path) -> str:
-    params = {"socket_path": str(socket_path), "op_timeout_s": 10.0}
+    """The --l2-adapter JSON for a client of the gateway container, whichever its uid."""
+    params: dict[str, object] = {"socket_path": str(socket_path), "op_timeout_s": 10.0}
+    if "gateway_uids" in {f.name for f in dataclasses.fields(ADPParams)}:
+        # A plugin that checks its gateway trusts root and its own uid by default; the gateway
+        # and its socket dir are uid 10001's, and the host's client and OTHER_UID are others.
+        params["gateway_uids"] = [UID]
     return json.dumps(
         {
             "type": "native_plugin",
