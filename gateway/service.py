@@ -214,9 +214,13 @@ class Gateway:
             self.tenants.admit(hello, peer)
             l1 = _map_l1(hello, received, peer)
             session = self._new_session(conn, hello, str(peer), l1)
-            welcome, fds = session.welcome(self.config.session_window_size)
-            send_frame(conn, welcome_body(welcome), fds)
-            conn.settimeout(None)
+            try:
+                welcome, fds = session.welcome(self.config.session_window_size)
+                send_frame(conn, welcome_body(welcome), fds)
+                conn.settimeout(None)
+            except BaseException:  # the client went away mid-handshake: free what it held
+                session.close(started=False)
+                raise
         except (GatewayError, OSError) as exc:
             self._refuse(conn, peer, str(exc) or type(exc).__name__)
             return None

@@ -111,7 +111,7 @@ class Session:
         return welcome, [self._memfd, self._submitted, self._completed]
 
     def run(self) -> None:
-        os.close(self._memfd)  # the client holds its own copy now; the mapping keeps ours alive
+        self._close_memfd()  # the client holds its own copy now; the mapping keeps ours alive
         poller = select.poll()
         poller.register(self._submitted, select.POLLIN)
         poller.register(self._sock, select.POLLIN)
@@ -130,11 +130,14 @@ class Session:
         finally:
             self.close()
 
-    def close(self) -> None:
+    def close(self, started: bool = True) -> None:
+        """Free everything the session holds; ``started=False`` for one whose handshake
+        failed after it was made (nothing to report: no summary line)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._close_memfd()
         self._scheduler.drop_session(self.session_id)
         with self._idle:  # EOF tells the client the gateway has let go of its L1
             self._l1_closed = True
@@ -144,8 +147,15 @@ class Session:
         with self._lock:
             os.close(self._completed)
             counts = dict(self._counts)
-        log.info("%s closed: %s", self.name, _describe(counts))
+        if started:
+            log.info("%s closed: %s", self.name, _describe(counts))
         self._on_close(self)
+
+    def _close_memfd(self) -> None:
+        with self._lock:
+            memfd, self._memfd = self._memfd, -1
+        if memfd >= 0:
+            os.close(memfd)
 
     def stop(self) -> None:
         """Ask ``run`` to end (any thread); it closes the session on its way out."""

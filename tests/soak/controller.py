@@ -52,7 +52,7 @@ FREE_TIMEOUT_S = 10.0  # then its fds and mappings are back (in-flight I/O may h
 RECLAIM_LINE = "reclaimed database"
 VERIFY_MISS_LINE = "is not what the index says"  # a load raced its region's reuse: a miss
 NOT_OPS = ("client_kills", "gateway_kills", "records_checked")  # the other counts in stats
-CONNECTED = re.compile(r"session \d+ \(.*\) connected$", re.MULTILINE)
+CONNECTED = re.compile(r"session \d+ \(.*\) connected( \(zero-copy to its L1\))?$", re.MULTILINE)
 CLOSED = re.compile(r"session \d+ \(.*\) closed: ", re.MULTILINE)
 
 
@@ -346,6 +346,8 @@ class Soak:
         argv += ["--client", str(client.index), "--keys-per-client", str(KEYS_PER_CLIENT)]
         if self.plant_wrong_bytes:
             argv.append("--plant-wrong-bytes")
+        if client.index % 2:  # half the clients keep their buffers in a shared-memory L1
+            argv.append("--shared-l1")
         client.process = Process(
             f"client {client.index}", self.workdir / f"client-{client.index}.log"
         )
@@ -376,7 +378,10 @@ class Soak:
     def _kill_client(self, client: Client) -> None:
         """SIGKILL the client; what it had in flight may still land while the gateway lives."""
         assert client.process is not None
+        assert client.process.proc is not None
+        pid = client.process.proc.pid
         client.process.kill()
+        _remove_l1_segment(pid)
         self._poll_client(client, expect_alive=False)
         for event in client.open_ops.values():
             apply(client.model, {**event, "ev": "ack", "ok": False})
@@ -485,6 +490,7 @@ class Soak:
             "client_runs": sum(c.run for c in self.clients),
             "sessions": len(CONNECTED.findall(log)),
             "regions_reclaimed": log.count(RECLAIM_LINE),
+            "zero_copy_sessions": log.count("(zero-copy to its L1)"),
             "loads_failing_verification": log.count(VERIFY_MISS_LINE),
             "records_checked": self.stats["records_checked"],
             "ops": {k: v for k, v in sorted(self.stats.items()) if k not in NOT_OPS},
@@ -515,9 +521,16 @@ class Soak:
         samples = {lt.number: [astuple(s) for s in lt.samples] for lt in self.lifetimes}
         (self.workdir / "samples.json").write_text(json.dumps(samples))  # for a post-mortem
         for client in self.clients:
-            if client.process is not None:
+            if client.process is not None and client.process.proc is not None:
                 client.process.kill()
+                _remove_l1_segment(client.process.proc.pid)
         self.gateway.kill()
+
+
+def _remove_l1_segment(pid: int) -> None:
+    """The shared-memory L1 a killed client could not remove itself (tests/crash/driver.py)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"/dev/shm/lmcache_l1_pool_crash{pid}")
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -527,6 +540,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"capacity {summary['capacity']}: {summary['client_kills']} client kills, "
         f"{summary['gateway_kills']} gateway kills, {summary['sessions']} sessions, "
         f"{summary['regions_reclaimed']} regions reclaimed, "
+        f"{summary['zero_copy_sessions']} sessions with L1 in shared memory, "
         f"{summary['loads_failing_verification']} loads missed on verification, "
         f"{summary['records_checked']} records checked after the clean stop",
         "  " + ", ".join(f"{k}={v}" for k, v in summary["ops"].items()),

@@ -5,6 +5,8 @@ Four client processes (tests/soak/client.py: the crash test's driver, so the rea
 one gateway process, each on its own 200 keys (no two clients share a key, so each client's
 model of its keys is exact): stores of 4 KiB to 2.5 MiB, EXISTS, loads and deletes, up to 8
 batches in flight each, on a 64 MiB store that evicts all the time, with ``sync: always``.
+Two of the clients keep their buffers in a shared-memory L1, so their stores of whole pages
+go zero-copy, as in an ``lmcache server --shm-name``.
 Every few seconds a random client is SIGKILLed and started again on its keys (its successor
 is told which of its ops may still land). Every so often a gateway lifetime ends: all clients
 are SIGKILLed and the gateway must notice and free every session; then the clients are started
@@ -113,6 +115,7 @@ def run_and_report(soak: Soak, capsys: pytest.CaptureFixture[str]) -> None:
     assert summary["ops"]["load_hits_verified"] > 0, "no load ever hit: nothing was verified"
     assert summary["regions_reclaimed"] > 0, "the store never evicted"
     assert summary["client_kills"] > 0
+    assert summary["zero_copy_sessions"] > 0, "no client's L1 was ever taken for zero-copy"
 
 
 def test_soak_short(make_soak: Callable[..., Soak], capsys: pytest.CaptureFixture[str]) -> None:
