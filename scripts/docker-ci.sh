@@ -52,6 +52,9 @@ adp_docker_ci_setup() {
       waited=$((waited + 1))
     done
   fi
+  # Each change of pyproject.toml's dependencies leaves a few GB of old build layers: keep
+  # those of the last three days (the build's cache), drop older ones.
+  timeout 120 docker image prune --force --filter until=72h >/dev/null 2>&1 || true
   timeout 900 "$root/scripts/docker-base.sh" >&2 \
     || { adp_docker_reason="scripts/docker-base.sh failed or took over 900 s"; return 1; }
   echo "docker-ci: daemon and base image ready in $((SECONDS - started)) s" >&2

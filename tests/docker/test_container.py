@@ -2,7 +2,8 @@
 keeps its data in a host directory and serves its socket in a host directory shared with other
 containers and the host; what LMCache's own harness stores there, from a second container and
 from the host, loads back (byte-verified) in new processes after the gateway container restarts;
-the socket's uid/gid rule admits the image's user and members of its group and no one else; the
+the socket's uid/gid rule admits the image's user and members of its group and no one else; all
+of it confined as deploy/k8s runs it (read-only root, no capabilities, no network); the
 HEALTHCHECK tells a serving gateway and a serving lmcache server (the image's second entry point,
 with the plugin connected to the gateway) apart from a starting one.
 
@@ -30,6 +31,12 @@ from tests.support import remove_tree, short_tmpdir, wait_until
 pytestmark = pytest.mark.docker
 
 UID = GID = 10001  # the image's adp user and lmcache group (Dockerfile)
+# As deploy/k8s runs them: no network (the socket needs none), a read-only root file system
+# with a tmpfs at /tmp, no capabilities, no privilege escalation.
+CONFINED = (
+    "--network", "none", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+    "--security-opt", "no-new-privileges",
+)  # fmt: skip
 OTHER_UID = 10002  # a user the image does not know
 SOCKET_IN_CONTAINER = "/run/lmcache-adp/gateway.sock"
 BENCH_ARGS = (
@@ -89,7 +96,7 @@ class Containers:
         second (the image's default is 30 s) so that waits stay short."""
         name = f"adp-test-{os.getpid()}-{len(self.names)}"
         self.names.append(name)
-        flags = ["--network", "none", f"--health-interval={health_interval_s}s", *run_as()]
+        flags = [*CONFINED, f"--health-interval={health_interval_s}s", *run_as()]
         mounts = ["-v", f"{self.dirs.data}:/var/lib/lmcache-adp", *self.dirs.mounts(socket_mode)]
         started = docker("run", "--detach", "--name", name, *flags, *mounts, self.image, *args)
         assert started.returncode == 0, started.stderr
@@ -97,7 +104,7 @@ class Containers:
 
     def run(self, *args: str, user: list[str] | None = None) -> subprocess.CompletedProcess[str]:
         """A one-off container running ``args``, sharing the socket and output dirs."""
-        flags = ["--rm", "--network", "none", *(run_as() if user is None else user)]
+        flags = ["--rm", *CONFINED, *(run_as() if user is None else user)]
         return docker("run", *flags, *self.dirs.mounts(), self.image, *args, timeout_s=600)
 
     def remove_all(self) -> None:
