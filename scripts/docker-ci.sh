@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by .ci/run: a Docker daemon and a base image for tests/docker, where they can be had
 # within a bounded time, on a fresh machine as on one that has them already. Where they cannot,
 # it exports ADP_DOCKER_UNAVAILABLE with the reason, and tests/docker skips with it; it never
@@ -27,17 +28,20 @@ adp_docker_ci_setup() {
     adp_docker_reason="ADP_DOCKER_CI=0"
     return 1
   fi
-  if ! timeout 20 docker info >/dev/null 2>&1; then
-    if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
-      [ "$(id -u)" = 0 ] || { adp_docker_reason="not root: cannot install docker.io"; return 1; }
-      command -v apt-get >/dev/null || { adp_docker_reason="no apt-get to install docker.io"; return 1; }
-      export DEBIAN_FRONTEND=noninteractive
-      timeout 300 apt-get update -qq >/dev/null 2>&1 \
-        && timeout 300 apt-get install -y -qq --no-install-recommends docker.io debootstrap \
-          >/dev/null 2>&1 \
-        || { adp_docker_reason="apt-get install docker.io debootstrap failed or took over 300 s"
-             return 1; }
+  local missing=()
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || { adp_docker_reason="not root: cannot install ${missing[*]}"; return 1; }
+    command -v apt-get >/dev/null || { adp_docker_reason="no apt-get for ${missing[*]}"; return 1; }
+    if ! { timeout 300 apt-get update -qq >/dev/null 2>&1 \
+      && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq \
+        --no-install-recommends "${missing[@]}" >/dev/null 2>&1; }; then
+      adp_docker_reason="apt-get install ${missing[*]} failed or took over 300 s"
+      return 1
     fi
+  fi
+  if ! timeout 20 docker info >/dev/null 2>&1; then
     # Its own session, so that CI's terminal signals go to the tests only.
     setsid dockerd >"$log" 2>&1 &
     adp_docker_started_pid=$!
