@@ -1,7 +1,7 @@
 """Lookup latency of an ``lmcache server`` with our adapter alone, with ours and LMCache's
 Redis adapter (`resp`) both, and with Redis alone: does a second L2 slow our lookups?
 
-    python -m bench.two_adapters [--prompts 8] [--chunks 4] [--rounds 200] \
+    python -m bench.two_adapters [--prompts 8] [--chunks 4] [--rounds 200] [--passes 3] \
         [--out bench/results/two_adapters.json]
 
 LMCache asks every L2 adapter about every chunk of every lookup, in parallel, and waits for all
@@ -15,7 +15,9 @@ from submit to the answer, of:
 - ``l1_hit``: a stored prompt, all of it in L1 (the common case; L2 is still asked);
 - ``miss``: a prompt never stored (every adapter answers no; nothing is loaded).
 
-Needs redis-server (or valkey-server) on PATH.
+The settings take turns (``--passes`` rounds of all three), so a busy machine weighs on each
+alike; the summary pools every pass's samples, and each pass is kept in the JSON. Needs
+redis-server (or valkey-server) on PATH.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def start_server(
         return TwoAdaptersServer(workdir, gateway.socket_path, redis.port, tag="-both").start()
     spec = gateway.l2_adapter_json() if setting == "adp_alone" else redis.spec()
     return MultiAdapterServer(workdir, [spec], tag=f"-{setting}").start()
+
+
+def summarize(samples: list[int]) -> dict[str, Any]:
+    summary: dict[str, Any] = summary_us(samples)
+    summary["p90_us"] = float(np.percentile(np.asarray(samples) / 1e3, 90))
+    return summary
 
 
 def timed_lookup(lookups: Client, tokens: list[int], request_id: str) -> tuple[int, int]:
@@ -92,9 +100,7 @@ def measure(
                 wrong += hit != expected
                 if i >= 20:
                     samples.append(elapsed)
-            summary = summary_us(samples)
-            summary["p90_us"] = float(np.percentile(np.asarray(samples) / 1e3, 90))
-            result[case] = {**summary, "wrong_hits": wrong}
+            result[case] = {**summarize(samples), "wrong_hits": wrong, "samples_ns": samples}
         return result
     finally:
         if lookups is not None:
@@ -110,6 +116,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/two_adapters.json"))
     args = parser.parse_args()
     redis_binary = shutil.which("redis-server") or shutil.which("valkey-server")
@@ -117,17 +124,42 @@ def main() -> None:
         raise SystemExit(
             "needs redis-server or valkey-server on PATH (apt-get install redis-server)"
         )
-    results = [
-        measure(setting, redis_binary, args.prompts, args.chunks, args.rounds)
-        for setting in SETTINGS
+    passes = [
+        [
+            measure(setting, redis_binary, args.prompts, args.chunks, args.rounds)
+            for setting in SETTINGS
+        ]
+        for _ in range(args.passes)
     ]
-    args.out.write_text(json.dumps({"redis": redis_binary, "results": results}, indent=2) + "\n")
+    pooled: dict[str, dict[str, Any]] = {}
+    for setting in SETTINGS:
+        runs = [r for one in passes for r in one if r["setting"] == setting]
+        pooled[setting] = {
+            case: {
+                **summarize([ns for r in runs for ns in r[case]["samples_ns"]]),
+                "wrong_hits": sum(r[case]["wrong_hits"] for r in runs),
+                "p50_us_per_pass": [r[case]["p50_us"] for r in runs],
+            }
+            for case in ("l1_hit", "miss")
+        }
+    for one in passes:
+        for r in one:
+            for case in ("l1_hit", "miss"):
+                del r[case]["samples_ns"]
+    report = {
+        "redis": redis_binary,
+        "prompts": args.prompts,
+        "chunks": args.chunks,
+        "rounds": args.rounds,
+        "pooled": pooled,
+        "passes": passes,
+    }
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'setting':<16} {'case':<8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'wrong':>6}")
-    for result in results:
-        for case in ("l1_hit", "miss"):
-            row = result[case]
+    for setting, cases in pooled.items():
+        for case, row in cases.items():
             print(
-                f"{result['setting']:<16} {case:<8} {row['p50_us'] / 1e3:>8.2f} "
+                f"{setting:<16} {case:<8} {row['p50_us'] / 1e3:>8.2f} "
                 f"{row['p90_us'] / 1e3:>8.2f} {row['p99_us'] / 1e3:>8.2f} {row['wrong_hits']:>6}"
             )
 
