@@ -1,7 +1,10 @@
 """``adp-gateway``: the command line of the storage gateway.
 
-    adp-gateway serve [--config FILE] [--data-dir DIR] [--socket PATH] [--capacity SIZE]
-    adp-gateway check [--config FILE] [--data-dir DIR] [--fix]
+    adp-gateway serve  [--config FILE] [--data-dir DIR] [--socket PATH] [--capacity SIZE]
+                       [--metrics-address HOST:PORT]
+    adp-gateway status [--config FILE] [--socket PATH] [--json]
+    adp-gateway check  [--config FILE] [--data-dir DIR] [--fix]
+    adp-gateway verify --lmcache tcp://HOST:PORT [--http http://HOST:PORT]
 
 Errors in the config or the environment print one line naming what is wrong and exit with 2.
 """
@@ -34,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="adp-gateway", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="adp-gateway",
+        description="The storage gateway of lmcache-adp: a persistent NVMe tier for LMCache.",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the gateway until SIGTERM or Ctrl-C")
     serve.add_argument("--config", help="YAML file; see configs/gateway.yaml")
@@ -42,7 +48,27 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", help="Unix socket path clients connect to")
     serve.add_argument("--capacity", help="bytes of disk to use in all, such as 64GiB")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    serve.add_argument(
+        "--metrics-address", help="HOST:PORT for /metrics, /healthz and /readyz (default: off)"
+    )
     serve.set_defaults(run=serve_until_stopped)
+    status = commands.add_parser("status", help="how a running gateway is doing")
+    status.add_argument("--config", help="YAML file; see configs/gateway.yaml")
+    status.add_argument("--socket", help="the gateway's Unix socket (default: its default)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    status.set_defaults(run=_status)
+    verify = commands.add_parser(
+        "verify",
+        help="store a synthetic prompt through a running lmcache server, evict it from L1, "
+        "restore it from L2 and compare every byte; exit 1 on a mismatch",
+    )
+    verify.add_argument("--lmcache", required=True, help="the server's tcp://HOST:PORT")
+    verify.add_argument(
+        "--http", help="the server's HTTP address (default: http://HOST:8080 of --lmcache)"
+    )
+    verify.add_argument("--tokens", type=int, default=2048, help="prompt length (default 2048)")
+    verify.add_argument("--timeout", type=float, default=120.0, help="seconds for each step")
+    verify.set_defaults(run=_verify)
     check = commands.add_parser(
         "check", help="verify every record on disk (the gateway must be stopped); exit 1 on damage"
     )
@@ -66,6 +92,25 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if report.damage and not args.fix else 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.status import ask, render
+
+    config = config_module.load(args.config, {"socket": args.socket})
+    status = ask(config.socket_path)
+    print(json.dumps(status, indent=2) if args.json else render(status))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from gateway.verify import verify
+
+    report = verify(args.lmcache, args.http, args.tokens, args.timeout)
+    print(report.summary())
+    return 0 if report.byte_exact else 1
+
+
 def serve_until_stopped(
     args: argparse.Namespace, wrap_device: Callable[[Device], Device] | None = None
 ) -> int:
@@ -78,6 +123,7 @@ def serve_until_stopped(
         "socket": args.socket,
         "capacity": args.capacity,
         "log_level": args.log_level,
+        "metrics_address": args.metrics_address,
     }
     config = config_module.load(args.config, overrides)
     logging.basicConfig(

@@ -32,6 +32,9 @@ class GatewayConfig:
     )
     socket_group: str | None = field(default=None, metadata={"help": "group owning the socket"})
     max_sessions: int = field(default=32, metadata={"minimum": 1})
+    metrics_address: str | None = field(
+        default=None, metadata={"help": "HOST:PORT of /metrics, /healthz, /readyz; null: off"}
+    )
     handshake_timeout_s: float = field(default=5.0, metadata={"minimum": 0.01})
     tenants: list[TenantConfig] = field(default_factory=list)
     data_dirs: list[str] = field(default_factory=lambda: ["./adp-data"])

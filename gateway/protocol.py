@@ -136,6 +136,16 @@ def _recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) ->
     return b"".join(chunks)
 
 
+def status_request() -> dict[str, Any]:
+    """The frame ``adp-gateway status`` sends instead of a hello; the gateway answers with
+    ``{"ok": true, "status": {...}}`` (or a refusal) and closes."""
+    return {"protocol": PROTOCOL_VERSION, "request": "status"}
+
+
+def is_status_request(body: dict[str, Any]) -> bool:
+    return body.get("request") == "status" and body.get("protocol") == PROTOCOL_VERSION
+
+
 def parse_hello(body: dict[str, Any]) -> Hello:
     protocol = body.get("protocol")
     if type(protocol) is not int or protocol != PROTOCOL_VERSION:  # not True, not 1.0

@@ -18,7 +18,9 @@ import stat
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from gateway import config as config_module
 from gateway.backends.base import Device
@@ -27,10 +29,13 @@ from gateway.backends.groupsync import PeriodicSync
 from gateway.backends.regionlog import Pools, RegionLog
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, HandshakeRefused, ProtocolError, StartupError
+from gateway.health import DeviceHealth
 from gateway.l1 import L1Segment
+from gateway.metrics import LiveState, Metrics, MetricsServer, Rates
 from gateway.protocol import (
     Hello,
     Status,
+    is_status_request,
     parse_hello,
     recv_frame,
     send_frame,
@@ -46,6 +51,7 @@ from gateway.units import format_size
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.1
+RATE_SAMPLE_INTERVAL_S = 5.0
 HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -59,8 +65,18 @@ class Gateway:
         # Before the databases are touched: a second gateway on a live socket is refused
         # without creating or preallocating anything.
         _claim_socket_path(config.socket_path, config.socket_group)
+        self.metrics = Metrics()
+        self._rates = Rates(self.metrics)
+        self._ready = False  # recovered and listening: /readyz
+        self._metrics_server: MetricsServer | None = None
+        if config.metrics_address is not None:  # /healthz answers during the recovery too
+            self._metrics_server = MetricsServer(
+                config.metrics_address, self.metrics, lambda: self._ready
+            )
+            self._metrics_server.start()
         self.config = config_module.resolve_capacity(config)
         self._wrap_device = wrap_device or (lambda device: device)
+        self.devices: list[DeviceHealth] = []
         self._listener: socket.socket | None = None
         self._sessions: dict[int, Session] = {}
         self._starting = 0  # sessions being made, counted against max_sessions; under _lock
@@ -87,10 +103,15 @@ class Gateway:
         paths = self.config.database_paths
         assert self.config.capacity is not None
         per_database = self.config.capacity // len(paths)
-        devices = [
-            self._wrap_device(FileDevice(p, per_database, grow=p not in self.config.devices))
-            for p in paths
+        self.devices = [
+            DeviceHealth(
+                self._wrap_device(FileDevice(p, per_database, grow=p not in self.config.devices)),
+                database,
+                p,
+            )
+            for database, p in enumerate(paths)
         ]
+        devices: list[Device] = list(self.devices)
         store_ref: list[Store] = []
         region_log = RegionLog(
             devices,
@@ -107,6 +128,7 @@ class Gateway:
         store_ref.append(store)
         started = time.monotonic()
         count = store.recover()
+        self.metrics.recovery_seconds.set(time.monotonic() - started)
         stats = store.statistics()
         log.info(
             "recovered %d objects (%s of %s) from %d database(s) in %.2f s",
@@ -118,6 +140,38 @@ class Gateway:
         )
         return store
 
+    def status(self) -> dict[str, Any]:
+        """What ``adp-gateway status`` shows and the metrics' gauges read: one snapshot."""
+        store = self.store.statistics()
+        queued = self.scheduler.statistics()
+        with self._lock:
+            sessions = Counter(s.tenant for s in self._sessions.values())
+        tenants = [t.name for t in self.config.tenants] or sorted(sessions)
+        return {
+            "socket": self.config.socket_path,
+            "ready": self._ready,
+            "capacity_bytes": store.capacity_bytes,
+            "used_bytes": store.used_bytes,
+            "objects": store.objects,
+            "sessions": dict(sessions),
+            "tenants": {t: self._tenant_state(t, sessions[t]) for t in tenants},
+            "queued": dict(zip(("loads", "stores", "deletes"), queued.queued, strict=True)),
+            "store_backlog_bytes": queued.store_backlog_bytes,
+            "evicted_regions": store.reclaims,
+            "databases": [device.state() for device in self.devices],
+            "rates_last_minute": self._rates.per_second(),
+        }
+
+    def _tenant_state(self, tenant: str, sessions: int) -> dict[str, Any]:
+        held, limit = self.store.pool_bytes(tenant)
+        return {"sessions": sessions, "pool_bytes": held, "pool_limit_bytes": limit}
+
+    def _live_state(self) -> dict[str, Any]:
+        status = self.status()
+        pools = {t: (v["pool_bytes"], v["pool_limit_bytes"]) for t, v in status["tenants"].items()}
+        errors = {d["database"]: d["errors"] for d in status["databases"]}
+        return {**status, "pools": pools, "device_errors": errors}
+
     def start(self) -> None:
         self._listener = _listen(self.config.socket_path, self.config.socket_group)
         if self._periodic_sync is not None:
@@ -126,6 +180,8 @@ class Gateway:
             self._spawn(f"io-{i}", self._io_loop)
         self._spawn("expire", self._expire_loop)
         self._spawn("accept", self._accept_loop)
+        self.metrics.add_collector(LiveState(self._live_state))
+        self._ready = True
         log.info("gateway listening on %s", self.config.socket_path)
         if self.tenants.open_mode:
             log.info(
@@ -134,6 +190,7 @@ class Gateway:
             )
 
     def stop(self) -> None:
+        self._ready = False
         self._stopping.set()
         if self._listener is not None:
             with contextlib.suppress(OSError):
@@ -152,6 +209,8 @@ class Gateway:
         if self._periodic_sync is not None:
             self._periodic_sync.stop()
         self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         log.info("gateway stopped")
 
     def _spawn(self, name: str, target: object) -> None:
@@ -175,9 +234,13 @@ class Gateway:
     def _expire_loop(self) -> None:
         """Fail queued ops past their deadline, even while every I/O thread is stuck, so they
         give their slots back to their clients."""
+        next_sample = 0.0
         while not self._stopping.wait(EXPIRE_INTERVAL_S):
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
+            if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
+                self._rates.sample()
+                next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
@@ -210,6 +273,9 @@ class Gateway:
         try:
             conn.settimeout(self.config.handshake_timeout_s)
             body, received = recv_frame(conn, fds_max=1)
+            if is_status_request(body):
+                self._answer_status(conn, peer)
+                return None
             hello = parse_hello(body)
             self.tenants.admit(hello, peer)
             l1 = _map_l1(hello, received, peer)
@@ -229,6 +295,17 @@ class Gateway:
                 os.close(fd)
         log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
         return session
+
+    def _answer_status(self, conn: socket.socket, peer: Peer) -> None:
+        """``adp-gateway status``: for the gateway's own user and root only, since it names
+        every tenant and what each holds."""
+        if peer.uid not in (0, os.geteuid()):
+            raise HandshakeRefused(
+                f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
+                f"{peer.uid}"
+            )
+        send_frame(conn, {"ok": True, "status": self.status()})
+        conn.close()
 
     def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
         """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
@@ -264,8 +341,10 @@ class Gateway:
                 self.store,
                 self.scheduler,
                 self._forget,
+                self.metrics,
                 l1,
             )
+            self.metrics.sessions_opened.inc()
         finally:
             with self._lock:
                 self._starting -= 1

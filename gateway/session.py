@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 
 from gateway.errors import ProtocolError, StorageError
 from gateway.l1 import L1Segment
+from gateway.metrics import Metrics
 from gateway.protocol import (
     CHECKSUM_BYTES,
     KEYS_PER_REQUEST_MAX,
@@ -56,8 +57,11 @@ from gateway.units import format_size
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
-# What an I/O task reports: status, per-key result bytes in the arena, the object's length.
-_Outcome = tuple[Status, int, int]
+# What an I/O task reports: status, per-key result bytes in the arena, the object's length, and
+# how many of its keys were found (a hit, a store done, a key deleted).
+_Outcome = tuple[Status, int, int, int]
+_EXPIRED: _Outcome = (Status.EXPIRED, 0, 0, 0)
+_FAILED: _Outcome = (Status.FAILED, 0, 0, 0)
 
 
 class Session:
@@ -71,6 +75,7 @@ class Session:
         store: Store,
         scheduler: Scheduler,
         on_close: Callable[[Session], None],
+        metrics: Metrics,
         l1: L1Segment | None = None,
     ) -> None:
         self.session_id = session_id
@@ -93,7 +98,8 @@ class Session:
         self._submissions = submission_consumer(self._memory, layout)
         self._completions = completion_producer(self._memory, layout)
         self._backlog: deque[Completion] = deque()  # completions waiting for room in the CQ
-        self._inflight: set[int] = set()
+        self._inflight: dict[int, tuple[float, int]] = {}  # slot -> (arrival, keys) of its op
+        self._metrics = metrics
         self._lock = threading.Lock()
         self._closed = False
         self._counts: Counter[str] = Counter()  # under _lock; logged when the session ends
@@ -163,9 +169,15 @@ class Session:
             self._sock.shutdown(socket.SHUT_RDWR)
 
     def complete(
-        self, submission: Submission, status: Status, result_bytes: int = 0, data_bytes: int = 0
+        self,
+        submission: Submission,
+        status: Status,
+        result_bytes: int = 0,
+        data_bytes: int = 0,
+        hits: int = 1,
     ) -> None:
-        """Report an op done (any thread). Dropped silently once the session is closed."""
+        """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes).
+        Dropped silently once the session is closed."""
         completion = Completion(
             submission.op_id, submission.slot, status, 0, 0, result_bytes, 0, data_bytes
         )
@@ -174,7 +186,7 @@ class Session:
                 return
             if status in _SHED:
                 self._counts[_SHED[status]] += 1
-            self._inflight.discard(submission.slot)
+            arrived, keys = self._inflight.pop(submission.slot, (time.monotonic(), 1))
             self._backlog.append(completion)
             try:
                 while self._backlog and self._completions.push(self._backlog[0]):
@@ -184,6 +196,9 @@ class Session:
                 self.stop()  # run() wakes up and closes the session
                 return
             os.eventfd_write(self._completed, 1)
+        self._metrics.completed(
+            Op(submission.op), self.tenant, status, keys, hits, time.monotonic() - arrived
+        )
 
     def _count(self, **increments: int) -> None:
         with self._lock:
@@ -204,6 +219,8 @@ class Session:
         op = self._check(submission)
         arena = self._layout.arena(self._memory, submission.slot)
         keys = decode_keys(bytes(arena[: submission.request_bytes]), KEYS_PER_REQUEST_MAX)
+        with self._lock:
+            self._inflight[submission.slot] = self._inflight[submission.slot][0], len(keys)
         if time.monotonic_ns() > submission.deadline_ns:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
@@ -232,7 +249,7 @@ class Session:
         with self._lock:
             if submission.slot in self._inflight:
                 raise ProtocolError(f"slot {submission.slot} reused while its op is in flight")
-            self._inflight.add(submission.slot)
+            self._inflight[submission.slot] = time.monotonic(), 1
         return Op(submission.op)
 
     def _queue_data_op(
@@ -247,7 +264,9 @@ class Session:
         def load() -> _Outcome:
             found = self._store.get(self.tenant, key, extent, length)
             self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
-            return (Status.OK if found else Status.MISS), 0, length
+            if found:
+                self._metrics.moved("read", self.tenant, length)
+            return (Status.OK if found else Status.MISS), 0, length, int(found)
 
         if op == Op.GET:
             databases = self._store.databases_holding(self.tenant, keys)
@@ -261,7 +280,8 @@ class Session:
         def store() -> _Outcome:
             self._store.put(self.tenant, key, extent, length, checksums)
             self._count(stores=1, bytes_stored=length)
-            return Status.OK, 0, 0
+            self._metrics.moved("written", self.tenant, length)
+            return Status.OK, 0, 0, 1
 
         databases = self._store.databases_to_store(self.tenant, key, length)
         self._queue(submission, length, store, databases, reads_l1=zero_copy)
@@ -320,7 +340,7 @@ class Session:
                 self.complete(submission, *self._attempt(submission, work))
                 return
             with self._reading_l1() as allowed:
-                outcome = self._attempt(submission, work) if allowed else (Status.EXPIRED, 0, 0)
+                outcome = self._attempt(submission, work) if allowed else _EXPIRED
             self.complete(submission, *outcome)
 
         task = Task(
@@ -340,7 +360,7 @@ class Session:
             return work()
         except StorageError as exc:
             log.error("%s: op %d failed: %s", self.name, submission.op_id, exc)
-            return Status.FAILED, 0, 0
+            return _FAILED
 
     @contextlib.contextmanager
     def _reading_l1(self) -> Iterator[bool]:
@@ -363,7 +383,7 @@ class Session:
 def _results(arena: memoryview, results: list[bool]) -> _Outcome:
     """Per-key results written to the slot's arena, as an OK outcome."""
     arena[: len(results)] = bytes(results)
-    return Status.OK, len(results), 0
+    return Status.OK, len(results), 0, sum(results)
 
 
 def _describe(counts: dict[str, int]) -> str:

@@ -110,6 +110,10 @@ class Store:
         found = (self.index.get((tenant, key)) for key in keys)
         return frozenset(loc.database for m in found if m is not None for loc in m.locations)
 
+    def pool_bytes(self, tenant: str) -> tuple[int, int]:
+        """The bytes of regions ``tenant``'s pool holds, and the most it may hold."""
+        return self._log.pool_bytes(tenant)
+
     def exists(self, tenant: str, keys: list[str]) -> list[bool]:
         return self.index.contains(tenant, keys)
 

@@ -110,8 +110,7 @@ def test_gateway_killed_or_hung_during_traffic_never_stalls_lmcache(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_until(lambda: "connected" in gateway.log() and server.status() is not None, 30, "traffic")
-    time.sleep(4)  # the client is storing: its chunks are on their way to the gateway
+    wait_until(lambda: not server.l2_settled(), 60, "L2 stores on their way to the gateway")
     gateway.send_signal(signum)
     assert storing.wait(90) == 0  # vLLM-side stores never depend on L2
     killed = time.monotonic()

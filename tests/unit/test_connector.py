@@ -204,11 +204,16 @@ def test_stores_the_gateway_cannot_take_yet_are_shed_at_once_not_held(
     gateway.send_signal(signal.SIGSTOP)  # nothing drains: one store fills the window
     try:
         fids = [connector.submit_batch_set([f"k{i}"], views([d])) for i, d in enumerate(data)]
-        # Up to 2 MiB wait in the plugin (its bound), and one more if it reached the window
-        # first; the rest fail now, not in 60 s, so LMCache gets their buffers back at once.
-        time.sleep(1.0)
-        shed = {item[0]: item for item in connector.drain_completions()}
-        assert len(shed) >= 5 and all(item[1] is False for item in shed.values())
+        # One store in the window and 2 MiB waiting in the plugin (its bound); the other five
+        # fail now, not in 60 s, so LMCache gets their buffers back at once.
+        shed: dict[int, tuple[object, ...]] = {}
+
+        def five_shed() -> bool:
+            shed.update({item[0]: item for item in connector.drain_completions()})
+            return len(shed) >= 5
+
+        wait_until(five_shed, 10, "the stores over the bound to fail")
+        assert len(shed) == 5 and all(item[1] is False for item in shed.values())
     finally:
         gateway.send_signal(signal.SIGCONT)
     kept = [wait_for_future(connector, fid, timeout_s=30) for fid in fids if fid not in shed]
