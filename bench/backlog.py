@@ -17,6 +17,9 @@ phases, each on a fresh gateway on ``--dir``:
 - ``pending``: the default gateway and plugin settings, one client with more stores out than its
   transfer window holds: how long LMCache's buffers are held (submit to completion), and where
   the stores wait (the gateway's queue or the plugin's own pending queue).
+- ``one_session``: as LMCache really uses the plugin, one session carries both: the measuring
+  session itself keeps a multi-GB store backlog out (each completed store replaced at once) and
+  times its own loads behind it, against the same loads idle (target: p50 at most 1.5x).
 
 Writes bench/results/backlog.json and backlog.md (``--out`` changes the stem).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -38,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from bench import backlog_gateway, backlog_report, gateways, plugin
-from bench.storage import machine
+from bench.machine import machine
 from gateway.config import GatewayConfig
 from tests.support import Gateway, Process, wait_for_future, wait_until
 
@@ -108,6 +112,49 @@ class Prober:
         if item[3] != [True] or self._into != expected:
             raise RuntimeError(f"load of {key} did not return its bytes: {item}")
         return started, took
+
+    def loads_behind_own_stores(
+        self, key: str, expected: memoryview, depth_bytes: int, loads: int, gateway: SampledGateway
+    ) -> tuple[list[tuple[float, float]], list[tuple[float, float, bool]]]:
+        """Keep ``depth_bytes`` of stores out on this same session (each completed one replaced
+        at once), and once the gateway holds most of them, time ``loads`` loads of ``key``
+        behind them, one after another: ((submitted, seconds) per load, store records)."""
+        connector, object_bytes = self.connector, self.object_bytes
+        stores: dict[int, float] = {}  # future id -> submitted
+        records: list[tuple[float, float, bool]] = []
+        serial = iter(range(10**9))
+
+        def store() -> None:
+            future_id = connector.submit_batch_set(
+                [f"{plugin.MODEL}@own@0@{next(serial):064x}"], [expected]
+            )
+            stores[future_id] = time.monotonic()
+
+        for _ in range(depth_bytes // object_bytes):
+            store()
+        busy: list[tuple[float, float]] = []
+        load: tuple[int, float] | None = None
+        paused_until = 0.0
+        deadline = time.monotonic() + 600
+        while len(busy) < loads and time.monotonic() < deadline:
+            now = time.monotonic()
+            if load is None and now >= paused_until and gateway.backlog_bytes() >= depth_bytes // 2:
+                load = connector.submit_batch_get([key], [self._into]), now
+            select.select([connector.event_fd()], [], [], LOAD_PAUSE_S)
+            for future_id, ok, _, per_key in connector.drain_completions():
+                if future_id in stores:
+                    records.append((stores.pop(future_id), time.monotonic(), bool(ok)))
+                    store()
+                elif load is not None and future_id == load[0]:
+                    if per_key != [True] or self._into != expected:
+                        raise RuntimeError(f"a load behind the backlog failed: {per_key}")
+                    busy.append((load[1], time.monotonic() - load[1]))
+                    load, paused_until = None, time.monotonic() + LOAD_PAUSE_S
+        while stores and time.monotonic() < deadline + 300:  # the backlog drains, unrecorded
+            select.select([connector.event_fd()], [], [], 1.0)
+            for future_id, *_ in connector.drain_completions():
+                stores.pop(future_id, None)
+        return busy, records
 
     def close(self) -> None:
         self.connector.close()
@@ -248,11 +295,22 @@ def run_pending(args: argparse.Namespace) -> dict[str, Any]:
         return backlog_report.pending(records, gateway.samples(), outstanding * args.object_mib)
 
 
+def run_one_session(args: argparse.Namespace) -> dict[str, Any]:
+    with probed(args, "one_session", 4) as (gateway, prober, key, data):
+        idle = [prober.load(key, data) for _ in range(args.loads + 1)][1:]
+        depth = int(args.depth_gib * GiB)
+        busy, records = prober.loads_behind_own_stores(key, data, depth, args.loads, gateway)
+        report = backlog_report.backlog(idle, busy, gateway.samples(), records, 0.0)
+        report["target_ratio_max"] = 1.5
+        return report
+
+
 PHASES = {
     "backlog": run_backlog,
     "fairness": run_fairness,
     "admission": run_admission,
     "pending": run_pending,
+    "one_session": run_one_session,
 }
 
 

@@ -1,0 +1,425 @@
+"""Lookups of prompts wholly in L1 while the same LMCache server writes other prompts through to
+L2: what a vLLM user feels when the storage tier is busy. Ours against ``fs_native``, one run.
+
+    python -m bench.lookup_under_load --dir /path/on/the/disk [--prompt-mib 128] [--rounds 3]
+    python -m bench.lookup_under_load --dir D --mode gpu --prompt-mib 1024   # the H200
+
+One LMCache server is one session of our plugin: its lookups, loads and write-through stores all
+share it, as in production. Per contender and round (contenders interleaved, each round on new
+storage), a client process drives a real ``lmcache server`` through LMCache's own
+``ServerBenchClient`` (the client of ``lmcache bench server``; GPU mode registers a CUDA KV cache
+the way vLLM does):
+
+- it stores a resident prompt and waits until L2 is idle;
+- idle: LOOKUPs of the resident prompt (all chunks in L1; LMCache still asks L2 for every chunk
+  and waits for the answer), each timed from the request to the answer;
+- busy: it STOREs ``--prompts`` new prompts, and after each, while that prompt is being written
+  through to L2, LOOKUPs the resident prompt up to ``--lookups-per-store`` times. Only lookups
+  issued while the server reports pending L2 writes are made (and counted as busy).
+
+Then, ours alone, through the plugin in this process (an ``ADPConnector`` on its own session):
+1,000-key EXISTS latency idle, and with ``--backlog-mib`` of stores kept pending on the same
+session (each completed store is replaced at once).
+
+Writes bench/results/lookup_under_load.json and .md (``--out`` changes the stem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import gateways
+from bench.machine import machine
+from bench.stats import summary_us
+from lmcache_adp import ADPConnector
+from tests.support import BIN, Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BYTES_PER_TOKEN = 128 * 2**10  # the shape below: 2 x 32 layers x 8 heads x 128 x bf16
+KV_SHAPE = "(2,{blocks},16,8,128):bfloat16:32"
+MiB = 2**20
+
+
+# The client: one process driving one lmcache server -------------------------------------------
+
+
+def client_main(args: argparse.Namespace) -> int:
+    shim = os.environ.get("LMC_C10_SHIM")  # the H200's torch needs it (shared/device/README.md)
+    import torch  # noqa: F401
+
+    if shim:
+        import ctypes
+
+        ctypes.CDLL(shim, mode=ctypes.RTLD_GLOBAL)
+    from lmcache.cli.commands.bench.server_bench import helpers
+    from lmcache.cli.commands.bench.server_bench.client import ServerBenchClient
+    from lmcache.cli.commands.bench.server_bench.config import BenchConfig
+
+    tokens = args.prompt_mib * MiB // BYTES_PER_TOKEN
+    config = BenchConfig(
+        rpc_url=f"tcp://localhost:{args.port}",
+        http_url=f"http://localhost:{args.http_port}",
+        mode=args.mode,
+        transfer_mode=args.transfer_mode,
+        tp_size=1,
+        use_mla=False,
+        num_tokens=tokens - 1,  # the client prepends one token
+        # Room for two prompts: every request reuses the same blocks (their bytes do not matter
+        # to a lookup), so the client's KV cache stays small on any host.
+        kvcache_shape_spec=KV_SHAPE.format(blocks=2 * tokens // 16),
+        num_blocks=2 * tokens // 16,
+        block_size=16,
+    )
+    client = ServerBenchClient(config, lambda message: None)
+    client.start()
+
+    def lookup_ms(request: Any) -> tuple[int | None, float]:
+        key = helpers._make_key(
+            request.token_ids,
+            request.request_id,
+            start=0,
+            end=request.num_full_tokens,
+            world_size=client._kv_world_size,
+        )
+        started = time.perf_counter()
+        if not helpers._send_lookup(client._req_client, key, tp_size=len(client._workers)):
+            return None, 0.0
+        while True:
+            answer = helpers._wait_for_result(
+                client._req_client.query_prefetch_status(request.request_id)
+            )
+            if answer is not helpers._TIMEOUT and answer is not None:
+                return int(answer), (time.perf_counter() - started) * 1e3
+            if time.perf_counter() - started > 60:
+                return None, (time.perf_counter() - started) * 1e3
+            time.sleep(0.0002)
+
+    def pending() -> int:
+        url = f"http://127.0.0.1:{args.http_port}/status"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            controller = json.load(response)["storage_manager"]["store_controller"]
+        return int(controller["pending_keys_count"]) + int(controller["in_flight_task_count"])
+
+    notes: list[str] = []
+
+    def look(seq: int, tag: str) -> float:
+        request = client.create_request(seq, tag, "warm")
+        hits, ms = lookup_ms(request)
+        if hits != request.total_chunks:
+            notes.append(f"{tag}: {hits}/{request.total_chunks} chunks hit")
+        client.end_session(request)
+        return ms
+
+    try:
+        resident = client.create_request(0, "resident", "cold")
+        client.store(resident, 0, resident.num_full_tokens)
+        client.end_session(resident)
+        wait_until(lambda: pending() == 0, 600, "L2 to take the resident prompt")
+        idle = [look(0, f"idle-{i}") for i in range(args.idle_lookups)]
+        busy: list[float] = []
+        skipped = 0
+        for seq in range(1, args.prompts + 1):
+            request = client.create_request(seq, f"store-{seq}", "cold")
+            client.store(request, 0, request.num_full_tokens)
+            client.end_session(request)
+            for i in range(args.lookups_per_store):
+                if not pending():  # this prompt is in L2 already: the next store makes it busy
+                    skipped += args.lookups_per_store - i
+                    break
+                busy.append(look(0, f"busy-{seq}-{i}"))
+        wait_until(lambda: pending() == 0, 600, "L2 to settle")
+    finally:
+        client.close()
+    result = {
+        "idle_ms": idle,
+        "busy_ms": busy,
+        "busy_skipped_l2_idle": skipped,
+        "notes": notes,
+        "chunks_per_prompt": resident.total_chunks,
+    }
+    Path(args.json_out).write_text(json.dumps(result))
+    return 0 if not notes else 1
+
+
+# The driver --------------------------------------------------------------------------------
+
+
+def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
+    """One round of one contender on new storage: its client's lookup latencies."""
+    workdir.mkdir(parents=True)
+    gateway = None
+    sockdir = short_tmpdir()
+    try:
+        if name == "lmcache_adp":
+            capacity = f"{args.prompt_mib * (args.prompts + 4)}MiB"
+            gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
+            error = gateways.start(gateway, module=True)
+            if error is not None:
+                raise RuntimeError(f"the gateway did not start: {error}")
+            spec = gateway.l2_adapter_json(op_timeout_s=60.0)
+        else:
+            (workdir / "l2").mkdir()
+            spec = json.dumps(
+                {"type": "fs_native", "base_path": str(workdir / "l2"), "use_odirect": True}
+            )
+        l1_gb = -(-args.prompt_mib * (args.prompts + 2) // 1024) + 1
+        server = LMCacheServer(workdir, spec, "", Path(args.lmcache_bin), l1_gb).start()
+        try:
+            out = workdir / "client.json"
+            argv = [sys.executable, "-m", "bench.lookup_under_load", "client"]
+            argv += [f"--port={server.port}", f"--http-port={server.http_port}"]
+            argv += [f"--json-out={out}", f"--mode={args.mode}"]
+            argv += [f"--transfer-mode={args.transfer_mode}", f"--prompt-mib={args.prompt_mib}"]
+            argv += [f"--prompts={args.prompts}", f"--lookups-per-store={args.lookups_per_store}"]
+            argv += [f"--idle-lookups={args.idle_lookups}"]
+            with open(workdir / "client.log", "wb") as log:
+                done = subprocess.run(
+                    argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=1800
+                )
+            if not out.exists():
+                tail = (workdir / "client.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the client failed (exit {done.returncode}):\n{tail}")
+            result: dict[str, Any] = json.loads(out.read_text())
+            result["client_exit"] = done.returncode
+            return result
+        finally:
+            server.stop()
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        if args.logs:
+            shutil.copytree(
+                workdir,
+                Path(args.logs) / f"{name}-{workdir.name}",
+                dirs_exist_ok=True,
+                ignore=lambda _, names: [n for n in names if not n.endswith((".log", ".json"))],
+            )
+        remove_tree(workdir)
+        remove_tree(sockdir)
+
+
+def exists_under_backlog(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    """1,000-key EXISTS through the plugin, idle and with ``--backlog-mib`` of stores pending
+    on the same session."""
+    workdir = directory / "exists"
+    workdir.mkdir(parents=True)
+    sockdir = short_tmpdir()
+    gateway = Gateway(workdir, "4GiB", socket_path=sockdir / "gw.sock")
+    try:
+        error = gateways.start(gateway)
+        if error is not None:
+            raise RuntimeError(f"the gateway did not start: {error}")
+        connector = ADPConnector(**gateway.adapter_params(op_timeout_s=60.0))
+        try:
+            return {
+                "idle": _exists_latencies(connector, 0, args.exists_seconds),
+                "backlog": _exists_latencies(
+                    connector, args.backlog_mib * MiB, args.exists_seconds
+                ),
+            }
+        finally:
+            connector.close()
+    finally:
+        gateway.stop()
+        remove_tree(workdir)
+        remove_tree(sockdir)
+
+
+def _exists_latencies(
+    connector: ADPConnector, backlog_bytes: int, seconds: float
+) -> dict[str, Any]:
+    """EXISTS of 1,000 keys, one at a time for ``seconds``, while stores of 32 MiB are kept
+    ``backlog_bytes`` deep on the same session."""
+    object_bytes = 32 * MiB
+    buffers = [
+        memoryview(np.random.default_rng(i).integers(0, 256, object_bytes, np.uint8).tobytes())
+        for i in range(max(1, backlog_bytes // object_bytes))
+    ]
+    keys = [f"bench@00000000@0@{i:064x}" for i in range(1000)]
+    stores: dict[int, int] = {}  # future id -> buffer index
+    serial = iter(range(10**9))
+
+    def store(index: int) -> None:
+        future = connector.submit_batch_set([f"backlog-{next(serial)}"], [buffers[index]])
+        stores[future] = index
+
+    if backlog_bytes:
+        for index in range(len(buffers)):
+            store(index)
+    samples: list[int] = []
+    failed = stored = 0
+    lookup, submitted = connector.submit_batch_exists(keys), time.perf_counter_ns()
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        select.select([connector.event_fd()], [], [], 1.0)
+        for future_id, ok, _, _ in connector.drain_completions():
+            if future_id in stores:
+                stored += ok
+                store(stores.pop(future_id))
+            elif future_id == lookup:
+                samples.append(time.perf_counter_ns() - submitted)
+                failed += not ok
+                lookup, submitted = connector.submit_batch_exists(keys), time.perf_counter_ns()
+    deadline = time.monotonic() + 120
+    while stores and time.monotonic() < deadline:  # let the backlog drain before the next phase
+        select.select([connector.event_fd()], [], [], 1.0)
+        for future_id, *_ in connector.drain_completions():
+            stores.pop(future_id, None)
+    return {**summary_us(samples), "failed": failed, "stores_completed": stored}
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    if not samples:
+        return {"samples": 0}
+    values = np.asarray(samples)
+    return {
+        "samples": len(samples),
+        "p50_ms": float(np.percentile(values, 50)),
+        "p99_ms": float(np.percentile(values, 99)),
+        "max_ms": float(values.max()),
+    }
+
+
+def drive_main(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    contenders = args.contenders.split(",")
+    report: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": machine(directory),
+        "prompt_mib": args.prompt_mib,
+        "mode": args.mode,
+        "rounds": {name: [] for name in contenders},
+    }
+    for round_number in range(args.rounds):
+        for name in contenders:  # interleaved: ours, fs_native, ours, fs_native...
+            try:
+                result = run_contender(args, name, directory / f"{name}-{round_number}")
+            except Exception as exc:  # recorded, and the other contenders still run
+                result = {"failed": f"{type(exc).__name__}: {exc}"[-1500:]}
+            report["rounds"][name].append(result)
+            print(name, round_number, _line(result), flush=True)
+    report["summary"] = {name: _summarize(rounds) for name, rounds in report["rounds"].items()}
+    if "lmcache_adp" in contenders and not args.skip_exists:
+        report["exists_1000_keys"] = exists_under_backlog(args, directory)
+    stem = RESULTS / args.out
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    stem.with_suffix(".md").write_text(render(report))
+    print(render(report))
+    return 0
+
+
+def _summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over rounds of each round's p50 and p99, idle and busy."""
+    good = [r for r in rounds if "failed" not in r]
+    out: dict[str, Any] = {"rounds_ok": len(good), "rounds": len(rounds)}
+    for phase in ("idle", "busy"):
+        per_round = [percentiles(r[f"{phase}_ms"]) for r in good if r[f"{phase}_ms"]]
+        for stat in ("p50_ms", "p99_ms"):
+            values = [p[stat] for p in per_round]
+            out[f"{phase}_{stat}"] = statistics.median(values) if values else None
+    out["full_hits"] = all(not r.get("notes") for r in good)
+    return out
+
+
+def _line(result: dict[str, Any]) -> str:
+    if "failed" in result:
+        return f"FAILED {result['failed'][-300:]}"
+    idle, busy = percentiles(result["idle_ms"]), percentiles(result["busy_ms"])
+    return f"idle {idle} busy {busy} notes {result['notes'][:3]}"
+
+
+def render(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        "# L1-hit lookups while the same LMCache server writes through to L2",
+        "",
+        f"`{report['command']}`, commit {m['commit']}, {m['cpus']} CPUs, load average "
+        f"{m['loadavg_start'][0]:.2f} at start, {m['dir_filesystem']}. Prompts of "
+        f"{report['prompt_mib']} MiB, {report['mode']} mode. Medians over rounds of each "
+        "round's percentiles; every lookup a full L1 hit unless noted.",
+        "",
+        "| contender | rounds ok | idle p50 ms | idle p99 ms | busy p50 ms | busy p99 ms "
+        "| busy p99 - idle p99 | full hits |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in report["summary"].items():
+        gap = (
+            f"{s['busy_p99_ms'] - s['idle_p99_ms']:.1f}"
+            if s.get("busy_p99_ms") is not None and s.get("idle_p99_ms") is not None
+            else "-"
+        )
+        lines.append(
+            f"| {name} | {s['rounds_ok']}/{s['rounds']} | {_ms(s.get('idle_p50_ms'))} "
+            f"| {_ms(s.get('idle_p99_ms'))} | {_ms(s.get('busy_p50_ms'))} "
+            f"| {_ms(s.get('busy_p99_ms'))} | {gap} | {s['full_hits']} |"
+        )
+    exists = report.get("exists_1000_keys")
+    if exists:
+        lines += [
+            "",
+            "## 1,000-key EXISTS through the plugin (its own session)",
+            "",
+            "| stores pending on the session | p50 µs | p99 µs | samples | failed |",
+            "|---|---|---|---|---|",
+        ]
+        for phase, label in (("idle", "none"), ("backlog", "256 MiB, kept full")):
+            e = exists[phase]
+            lines.append(
+                f"| {label} | {e.get('p50_us', 0):.0f} | {e.get('p99_us', 0):.0f} "
+                f"| {e['samples']} | {e['failed']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("role", nargs="?", default="drive", choices=["drive", "client"])
+    parser.add_argument("--dir", help="where both contenders keep their data (on the disk)")
+    parser.add_argument("--prompt-mib", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=12, help="prompts stored while busy")
+    parser.add_argument("--lookups-per-store", type=int, default=5)
+    parser.add_argument("--idle-lookups", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--contenders", default="lmcache_adp,fs_native")
+    parser.add_argument("--mode", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--transfer-mode", default=None)
+    parser.add_argument("--lmcache-bin", default=str(BIN))
+    parser.add_argument("--backlog-mib", type=int, default=256)
+    parser.add_argument("--exists-seconds", type=float, default=10.0)
+    parser.add_argument("--skip-exists", action="store_true")
+    parser.add_argument("--logs", default=None, help="keep every contender's logs here")
+    parser.add_argument("--out", default="lookup_under_load")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--http-port", type=int)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    if args.transfer_mode is None:
+        args.transfer_mode = "engine_driven" if args.mode == "cpu" else "lmcache_driven"
+    if args.role == "client":
+        return client_main(args)
+    if args.dir is None:
+        parser.error("--dir is required")
+    return drive_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
