@@ -13,7 +13,6 @@ Skipped, with the reason, where no Docker daemon answers or no base image is the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_adp.config import ADPParams
 from tests.docker.image import ROOT, Unavailable, build, docker
 from tests.support import remove_tree, short_tmpdir, wait_until
 
@@ -160,11 +158,9 @@ def start_gateway(containers: Containers) -> str:
 
 def l2_adapter(socket_path: str | Path) -> str:
     """The --l2-adapter JSON for a client of the gateway container, whichever its uid."""
-    params: dict[str, object] = {"socket_path": str(socket_path), "op_timeout_s": 10.0}
-    if "gateway_uids" in {f.name for f in dataclasses.fields(ADPParams)}:
-        # A plugin that checks its gateway trusts root and its own uid by default; the gateway
-        # and its socket dir are uid 10001's, and the host's client and OTHER_UID are others.
-        params["gateway_uids"] = [UID]
+    # The plugin trusts a gateway of root or its own uid by default; the gateway and its socket
+    # dir are uid 10001's, and the host's client and OTHER_UID are other users.
+    params = {"socket_path": str(socket_path), "op_timeout_s": 10.0, "gateway_uids": [UID]}
     return json.dumps(
         {
             "type": "native_plugin",
