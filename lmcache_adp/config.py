@@ -55,11 +55,16 @@ class ADPParams:
         },
     )
     reconnect_interval_s: float = field(
-        default=1.0,
+        default=0.5,
         metadata={
             "minimum": 0.01,
-            "help": "pause between attempts to reach a gateway that is down",
+            "help": "the first pause between attempts to reach a gateway that is down; each "
+            "pause is random, in a window that doubles up to reconnect_interval_max_s",
         },
+    )
+    reconnect_interval_max_s: float = field(
+        default=5.0,
+        metadata={"minimum": 0.01, "help": "the longest pause between attempts to reconnect"},
     )
     zero_copy: bool = field(
         default=True,

@@ -29,6 +29,8 @@ import os
 import threading
 import time
 
+from tenacity import Retrying, retry_if_result, stop_when_event_set, wait_random_exponential
+
 from gateway.errors import GatewayError, HandshakeRefused, UnsupportedHost, UntrustedGateway
 from gateway.protocol import Hello, Op
 from gateway.tenants import read_token
@@ -131,15 +133,33 @@ class ADPConnector:
         return future_id
 
     def _connect_loop(self) -> None:
+        """Whenever the I/O thread wants a link: handshake until one succeeds, waiting a
+        random time between attempts from a window that doubles from reconnect_interval_s up
+        to reconnect_interval_max_s (full jitter), so the plugins of a host whose gateway
+        restarts do not all knock at once."""
+        attempts = Retrying(
+            retry=retry_if_result(lambda connected: not connected),
+            wait=wait_random_exponential(
+                multiplier=self._params.reconnect_interval_s,
+                max=self._params.reconnect_interval_max_s,
+            ),
+            stop=stop_when_event_set(self._shared.stopping),
+            sleep=self._pause,
+            retry_error_callback=lambda _: False,  # closing
+        )
         while not self._shared.stopping.is_set():
             self._shared.want_link.wait()
-            if self._shared.stopping.is_set():
-                break
-            connected = self._try_connect()
-            self._first_attempt.set()
-            if not connected:
-                self._shared.stopping.wait(self._params.reconnect_interval_s)
+            if not self._shared.stopping.is_set():
+                attempts(self._attempt)
         self._first_attempt.set()
+
+    def _pause(self, seconds: float) -> None:
+        self._shared.stopping.wait(seconds)  # close() cuts it short
+
+    def _attempt(self) -> bool:
+        connected = self._try_connect()
+        self._first_attempt.set()
+        return connected
 
     def _try_connect(self) -> bool:
         """One handshake; on success the I/O thread picks the link up at its next step."""
