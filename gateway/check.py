@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Never
+
+from tqdm import tqdm
 
 from gateway.backends.filedevice import FileDevice
 from gateway.backends.regionscan import (
@@ -170,18 +171,18 @@ def _superblock(path: str, device: FileDevice) -> tuple[int, int, int]:
 
 
 class ProgressLine:
-    """Prints progress to stderr once a second."""
+    """A progress bar on stderr (tqdm): regions checked, bytes read, damage found so far."""
 
     def __init__(self) -> None:
-        self._last = time.monotonic()
+        self._bar: tqdm[Never] | None = None
 
     def __call__(self, report: Report, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= 1.0 or done == total:
-            self._last = now
-            print(
-                f"checking: {done}/{total} regions, {format_size(report.bytes_read)} read, "
-                f"{len(report.damage)} damaged",
-                file=sys.stderr,
-                flush=True,
-            )
+        if self._bar is None:
+            self._bar = tqdm(total=total, desc="checking", unit="region", mininterval=1.0)
+        bar = self._bar
+        bar.set_postfix_str(
+            f"{format_size(report.bytes_read)} read, {len(report.damage)} damaged", refresh=False
+        )
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
