@@ -43,6 +43,7 @@ class GatewayConfig:
     capacity: int | None = field(default=None, metadata={"size": True})
     region_size: int = field(default=64 * 2**20, metadata={"size": True, "minimum": 2 * PAGE_BYTES})
     fragment_size: int = field(default=4 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES})
+    prepare_databases: bool = True
     io_threads: int = field(default=8, metadata={"minimum": 1})
     sync: str = field(default="always", metadata={"choices": ("always", "periodic", "none")})
     sync_interval_ms: int = field(default=100, metadata={"minimum": 1})

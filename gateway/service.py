@@ -128,6 +128,8 @@ class Gateway:
         store_ref.append(store)
         started = time.monotonic()
         count = store.recover()
+        if self.config.prepare_databases:
+            region_log.prepare_in_background()
         self.metrics.recovery_seconds.set(time.monotonic() - started)
         stats = store.statistics()
         log.info(

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import stat
+import struct
 
 from gateway.errors import StartupError
 from gateway.units import format_size
@@ -70,6 +71,18 @@ class FileDevice:
     def close(self) -> None:
         os.close(self._fd)
 
+    def unwritten_ranges(self) -> list[tuple[int, int]]:
+        """(offset, length) of the file's blocks never written (holes, and the unwritten extents
+        posix_fallocate leaves), from the filesystem's extent map (FIEMAP); none for a block
+        device, or where the filesystem cannot tell."""
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            return []
+        try:
+            return _unwritten(self._fd, self._size_bytes)
+        except OSError as exc:
+            log.debug("%s: no extent map (%s); treating every block as written", self.path, exc)
+            return []
+
 
 def _finish(fd: int, buffers: list[memoryview], offset: int, done: int, call: object) -> None:
     position = offset
@@ -113,3 +126,49 @@ def _preallocate(path: str, size_bytes: int) -> None:
         ) from exc
     finally:
         os.close(fd)
+
+
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP = struct.Struct("=QQIIII")  # start, length, flags, mapped extents, extent count, reserved
+_EXTENT = struct.Struct("=QQQQQIIII")  # logical, physical, length, 2 reserved, flags, 3 reserved
+_EXTENT_LAST, _EXTENT_UNWRITTEN = 0x1, 0x800
+_EXTENTS_PER_CALL = 256
+
+
+def _unwritten(fd: int, size_bytes: int) -> list[tuple[int, int]]:
+    """Holes and unwritten extents of ``fd`` within ``size_bytes``, merged, in order."""
+    found: list[tuple[int, int]] = []
+
+    def add(start: int, end: int) -> None:
+        end = min(end, size_bytes)
+        if start >= end:
+            return
+        if found and found[-1][0] + found[-1][1] == start:
+            found[-1] = (found[-1][0], end - found[-1][0])
+        else:
+            found.append((start, end - start))
+
+    written_to = 0  # everything below is accounted for
+    while written_to < size_bytes:
+        request = bytearray(_FIEMAP.size + _EXTENT.size * _EXTENTS_PER_CALL)
+        _FIEMAP.pack_into(
+            request, 0, written_to, size_bytes - written_to, 0, 0, _EXTENTS_PER_CALL, 0
+        )
+        fcntl.ioctl(fd, _FS_IOC_FIEMAP, request, True)
+        mapped = _FIEMAP.unpack_from(request)[3]
+        if not mapped:
+            break
+        last = False
+        for i in range(mapped):
+            logical, _, length, _, _, flags, *_ = _EXTENT.unpack_from(
+                request, _FIEMAP.size + i * _EXTENT.size
+            )
+            add(written_to, logical)  # a hole before this extent
+            if flags & _EXTENT_UNWRITTEN:
+                add(max(logical, written_to), logical + length)
+            written_to = max(written_to, logical + length)
+            last = bool(flags & _EXTENT_LAST)
+        if last:
+            break
+    add(written_to, size_bytes)  # a hole at the end
+    return found

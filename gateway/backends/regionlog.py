@@ -33,11 +33,13 @@ and region state are under the lock, the I/O never is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import secrets
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ from typing import NamedTuple
 
 from gateway.backends.base import Device
 from gateway.backends.groupsync import GroupSync
+from gateway.backends.preparer import Preparer, base_device, unwritten_ranges
 from gateway.backends.regionscan import (
     RegionReader,
     aligned,
@@ -123,6 +126,10 @@ class _Region:
     prologue: list[memoryview] | None = None
     started: bool | None = True  # whether the first write landed; None while it is in flight
     carried: list[RecordHeader] = field(default_factory=list)  # to rewrite at the next filling
+    # Bytes from its start known to be written once (gateway/backends/preparer.py): a region
+    # that holds unwritten blocks costs more to fill the first time.
+    prepared_bytes: int = 2**62
+    preparing: bool = False  # held by the preparer: not free to take
 
     def fits(self, header: RecordHeader, region_bytes: int) -> bool:
         footer = align_up(self.footer_bytes + entry_bytes_max(header))
@@ -161,6 +168,24 @@ class _Database:
         self.open: dict[str, _Region] = {}  # pool -> its region taking appends
         self.salt = self._load_or_format_superblock()
         self.group_sync = GroupSync(device)
+        self.busy = 0  # appends and reads in progress; under the log's lock
+        self.last_io = 0.0  # monotonic time the last of them ended
+        self._find_unwritten()
+
+    def _find_unwritten(self) -> None:
+        """Mark the regions that hold blocks never written, as far as the device can tell."""
+        for start, length in unwritten_ranges(self.device):
+            first = max(0, (start - PAGE_BYTES) // self.region_bytes)
+            for region in self.regions[first:]:
+                begin = self.region_offset(region.index)
+                if begin >= start + length:
+                    break
+                if begin + self.region_bytes > start:
+                    region.prepared_bytes = min(region.prepared_bytes, max(0, start - begin))
+
+    def idle(self, idle_s: float) -> bool:
+        """Under the log's lock: no append or read for ``idle_s``."""
+        return not self.busy and time.monotonic() - self.last_io >= idle_s
 
     def region_offset(self, region: int) -> int:
         return PAGE_BYTES + region * self.region_bytes
@@ -222,6 +247,7 @@ class RegionLog:
         self._next_epoch = 1
         self._clock = itertools.count(1)  # orders region accesses, for eviction
         self.reclaims = 0
+        self._preparer: Preparer | None = None
 
     @property
     def databases(self) -> int:
@@ -260,13 +286,14 @@ class RegionLog:
         contiguously in one region goes to the device as one vectored write (a deep queue for
         the disk, as one large write is). Raises StorageError if any write failed."""
         db = self._databases[database]
-        runs, to_seal = self._reserve(db, [header for header, _ in records])
-        for region in to_seal:
-            self._write_footer(db, region)
-        landed, failure = self._write_runs(db, runs, [payload for _, payload in records])
-        locations: list[Location] = []
-        for run, written in zip(runs, landed, strict=True):
-            locations += self._settle(db, run, written)
+        with self._busy(db):
+            runs, to_seal = self._reserve(db, [header for header, _ in records])
+            for region in to_seal:
+                self._write_footer(db, region)
+            landed, failure = self._write_runs(db, runs, [payload for _, payload in records])
+            locations: list[Location] = []
+            for run, written in zip(runs, landed, strict=True):
+                locations += self._settle(db, run, written)
         if failure is not None:
             raise StorageError(f"write to database {database} failed: {failure}") from failure
         return locations
@@ -330,12 +357,15 @@ class RegionLog:
                 return [None] * len(locations)
             for region in regions:
                 db.regions[region].reads_inflight += 1
+            db.busy += 1
         try:
             return self._read_records(db, locations, payloads)
         finally:
             with self._lock:
                 for region in regions:
                     db.regions[region].reads_inflight -= 1
+                db.busy -= 1
+                db.last_io = time.monotonic()
 
     def _read_records(
         self, db: _Database, locations: list[Location], payloads: list[memoryview | None]
@@ -400,6 +430,8 @@ class RegionLog:
         """Seal the open regions with their footers (a restart treats every region as sealed,
         and reads a footer rather than walking), make everything durable, close the devices.
         Raises StorageError if the final sync fails."""
+        if self._preparer is not None:
+            self._preparer.stop()
         for db in self._databases:
             with self._lock:
                 ready = []
@@ -558,6 +590,69 @@ class RegionLog:
             with self._lock:
                 region.writes_inflight -= 1
 
+    def prepare_in_background(self, idle_s: float = 0.2) -> None:
+        """Write the never-written blocks of free regions while the disk is idle
+        (gateway/backends/preparer.py); ``close`` stops it."""
+        self._preparer = Preparer(self, idle_s)
+        self._preparer.start()
+
+    def unprepared_regions(self) -> int:
+        with self._lock:
+            return sum(
+                1
+                for db in self._databases
+                for r in db.regions
+                if r.epoch == 0 and r.prepared_bytes < db.region_bytes
+            )
+
+    def claim_unprepared(self, idle_s: float) -> tuple[int, int, int, int] | None:
+        with self._lock:
+            for db in self._databases:
+                free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
+                todo = [r for r in free if r.prepared_bytes < db.region_bytes]
+                # Leave two free regions to the log, so it never waits for one held here.
+                if not todo or len(free) < 3 or not db.idle(idle_s):
+                    continue
+                region = todo[0]
+                region.preparing = True
+                start = db.region_offset(region.index)
+                end = start + db.region_bytes
+                return db.index, region.index, start + region.prepared_bytes, end
+        return None
+
+    def write_zeros(self, database: int, zeros: memoryview, offset: int) -> None:
+        base_device(self._databases[database].device).write([zeros], offset)
+
+    def prepared(self, database: int, region: int, upto: int, idle_s: float) -> bool:
+        db = self._databases[database]
+        with self._lock:
+            held = db.regions[region]
+            held.prepared_bytes = upto - db.region_offset(region)
+            free = sum(1 for r in db.regions if r.epoch == 0 and not r.preparing)
+            if held.prepared_bytes < db.region_bytes and free >= 2 and db.idle(idle_s):
+                return True
+            held.preparing = False
+            return False
+
+    def give_back(self, database: int, region: int, upto: int) -> None:
+        db = self._databases[database]
+        with self._lock:
+            held = db.regions[region]
+            held.prepared_bytes = upto - db.region_offset(region)
+            held.preparing = False
+
+    @contextlib.contextmanager
+    def _busy(self, db: _Database) -> Iterator[None]:
+        """An append is in progress on ``db`` (the preparer waits for the disk to be idle)."""
+        with self._lock:
+            db.busy += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                db.busy -= 1
+                db.last_io = time.monotonic()
+
     def _count_live(self, locations: tuple[Location, ...], delta: int) -> None:
         with self._lock:
             for location in locations:
@@ -571,10 +666,10 @@ class RegionLog:
         lowered quota leaves)."""
         carried: list[RecordHeader] = []
         held = Counter(r.pool for r in db.regions if r.epoch)
-        free = [r for r in db.regions if r.epoch == 0]
+        free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
         below = held[pool] < self._pools.limit(pool, len(db.regions))
-        if free and below:
-            region = free[0]
+        if free and below:  # written-once regions first, then in order
+            region = min(free, key=lambda r: (r.prepared_bytes < db.region_bytes, r.index))
             carried = region.carried
         else:
             over = {p for p, n in held.items() if n > self._pools.limit(p, len(db.regions))}
@@ -600,6 +695,7 @@ class RegionLog:
         region.refill(self._next_epoch, next(self._clock), pool)
         self._next_epoch += 1
         region.carried = []
+        region.prepared_bytes = 2**62  # its filling writes it: prepared for the next one
         region.prologue = self._prologue(db, region, carried)
         return region
 

@@ -32,7 +32,12 @@ LAYERS = [
         "gateway.backends.memory",
         "gateway.backends.filedevice",
     },
-    {"gateway.backends.groupsync", "gateway.backends.regionscan", "gateway.backends.faulty"},
+    {
+        "gateway.backends.groupsync",
+        "gateway.backends.regionscan",
+        "gateway.backends.faulty",
+        "gateway.backends.preparer",
+    },
     {"gateway.backends.regionlog", "gateway.check"},
     {"gateway.index", "gateway.tombstones"},
     {"gateway.store", "gateway.scheduler", "gateway.config"},
