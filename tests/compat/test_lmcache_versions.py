@@ -4,7 +4,9 @@ these tests are `slow`; CI runs 0.5.6, the release in .venv, through the rest of
 
 - LMCache's own harnesses of that release pass against our adapter and a real gateway:
   ``basic_check --mode test_l2_adapter``, and ``lmcache bench l2 --no-skip-verify`` (aligned and
-  unaligned buffers), and a ``bench l2 --only store`` whose keys a new process loads back;
+  unaligned buffers), and a ``bench l2 --only store`` whose keys a new process loads back after
+  a gateway restart; so do objects of seeded bytes stored and verified byte for byte in two
+  processes through that release's adapter stack (tests/integration/l2_roundtrip.py);
 - a real ``lmcache server`` of that release, with our plugin, stores KV chunks through the
   gateway, and after its L1 is cleared, and again after the server restarts, loads them back
   from L2 byte-exact; chunks never stored miss;
@@ -17,6 +19,7 @@ cannot run ``lmcache server`` or ``lmcache bench l2``, so it is no release to ru
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -71,9 +74,21 @@ def test_lmcache_harnesses_pass_against_the_plugin(
     shape = ("--l1-align-bytes", "4096", "--data-size-kb", "4096", "--num-keys", "8")
     stored = bench_l2(bin_dir, spec, workdir / "store.json", "--only", "store", *shape)["Store"]
     assert stored["total_success"] == stored["total_keys"] > 0, stored
+    assert roundtrip(bin_dir, "store", spec, seed=1).returncode == 0
     gateway.restart()
     loaded = bench_l2(bin_dir, spec, workdir / "load.json", "--only", "load", *shape)["Load"]
     assert loaded["total_success"] == stored["total_keys"], loaded
+    verified = roundtrip(bin_dir, "verify", spec, seed=1)
+    assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
+    assert roundtrip(bin_dir, "verify", spec, seed=2).returncode == 1  # never stored
+
+
+def roundtrip(bin_dir: Path, action: str, spec: str, seed: int) -> subprocess.CompletedProcess[str]:
+    """tests/integration/l2_roundtrip.py in that release: 6 objects of 9 MiB + 17 bytes, each its
+    own seeded bytes, through LMCache's own adapter stack (factory + native_plugin wrapper)."""
+    module = "tests.integration.l2_roundtrip"
+    size = str(9 * 2**20 + 17)
+    return run([str(bin_dir / "python"), "-m", module, action, spec, "6", size, str(seed)])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
