@@ -90,9 +90,10 @@ USER ${ADP_UID}:${ADP_GID}
 WORKDIR /opt/lmcache-adp
 VOLUME ["/var/lib/lmcache-adp", "/run/lmcache-adp"]
 # lmcache server: 5555 for vLLM (LMCacheMPConnector), 8080 for its HTTP API (/healthcheck).
-EXPOSE 5555 8080
-# The gateway: its socket is listening (read from /proc/net/unix, so a check is no connection
-# and no log line). The lmcache server: GET /healthcheck. See deploy/docker/healthcheck.py.
+# The gateway: 9464 for /metrics, /healthz and /readyz, with ADP_METRICS_ADDRESS=0.0.0.0:9464.
+EXPOSE 5555 8080 9464
+# The gateway: `adp-gateway status` answers over its socket and says ready. The lmcache
+# server: GET /healthcheck. See deploy/docker/healthcheck.py.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 CMD ["adp-healthcheck"]
 # SIGINT stops both services cleanly: the gateway seals its open regions and syncs; the lmcache
 # server (which takes SIGINT as its stop) finishes its L2 writes and closes the plugin.

@@ -1,31 +1,29 @@
 #!/usr/bin/env python3
 """adp-healthcheck: the image's HEALTHCHECK, for whichever service its container runs.
 
-- The gateway (``adp-gateway serve``): healthy while its ``--socket`` file is there and a socket
-  bound at that path is listening, as the kernel lists it in /proc/net/unix. Reading that list
-  opens no connection, so a check every 30 s leaves no "refused client" line in the gateway's
-  log (a bare connect and close would), and it needs nothing the gateway does not have yet.
+- The gateway (``adp-gateway serve``): healthy while it answers ``adp-gateway status`` on its
+  ``--socket`` (a round trip through its accept loop, which logs nothing) and says it is ready
+  (recovered, not stopping). The container's user is the gateway's, whom status answers.
 - The lmcache server: ``GET /healthcheck`` on its ``--http-host``/``--http-port``.
 - Anything else (``adp-gateway check``, a one-off ``lmcache bench``): healthy.
 
 Each service is found by its command line in /proc, so the check follows the flags the service
 was really started with, with or without an init process as PID 1. Exit 0 healthy, 1 not; one
-line of output, which ``docker inspect`` shows.
-
-Once the gateway has ``adp-gateway status`` and a metrics port with ``/healthz``, the gateway's
-check becomes one of those (deploy/k8s/README.md).
+line of output, which ``docker inspect`` shows. Kubernetes can probe the gateway's /healthz and
+/readyz instead, when it has a metrics address (deploy/k8s).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-ACCEPTING_FLAG = 0x10000  # __SO_ACCEPTCON: the socket is listening
+from gateway.errors import GatewayError
+from gateway.status import ask
+
 HTTP_TIMEOUT_S = 5.0
 
 
@@ -61,19 +59,12 @@ def runs(argv: list[str], program: str, command: str) -> bool:
     return False
 
 
-def listening(socket_path: str, table: Path = Path("/proc/net/unix")) -> bool:
-    """Whether a Unix socket bound at ``socket_path`` is listening and still reachable there
-    (the kernel goes on listing a listener whose file was removed)."""
+def gateway_ready(socket_path: str) -> tuple[bool, str]:
     try:
-        if not stat.S_ISSOCK(os.stat(socket_path).st_mode):
-            return False
-    except OSError:
-        return False
-    for line in table.read_text().splitlines()[1:]:
-        fields = line.split(None, 7)
-        if len(fields) == 8 and fields[7] == socket_path and int(fields[3], 16) & ACCEPTING_FLAG:
-            return True
-    return False
+        ready = bool(ask(socket_path).get("ready"))
+    except (GatewayError, OSError) as exc:
+        return False, f"gateway {socket_path}: {exc}"
+    return ready, f"gateway {socket_path} {'ready' if ready else 'answers, not ready'}"
 
 
 def http_ok(url: str) -> bool:
@@ -87,8 +78,7 @@ def http_ok(url: str) -> bool:
 def check(argv: list[str]) -> tuple[bool, str] | None:
     """(healthy, what was checked) for a service's argv, or None if it is no service."""
     if runs(argv, "adp-gateway", "serve"):
-        path = flag_value(argv, "--socket", os.environ.get("ADP_SOCKET", ""))
-        return listening(path), f"gateway socket {path} listening"
+        return gateway_ready(flag_value(argv, "--socket", os.environ.get("ADP_SOCKET", "")))
     if runs(argv, "lmcache", "server"):
         host = flag_value(argv, "--http-host", "127.0.0.1")
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

@@ -2,10 +2,12 @@
 keeps its data in a host directory and serves its socket in a host directory shared with other
 containers and the host; what LMCache's own harness stores there, from a second container and
 from the host, loads back (byte-verified) in new processes after the gateway container restarts;
-the socket's uid/gid rule admits the image's user and members of its group and no one else; all
-of it confined as deploy/k8s runs it (read-only root, no capabilities, no network); the
-HEALTHCHECK tells a serving gateway and a serving lmcache server (the image's second entry point,
-with the plugin connected to the gateway) apart from a starting one.
+the socket's uid/gid rule admits the image's user and members of its group and no one else; the
+gateway serves /healthz, /readyz and /metrics when given a metrics address; all of it confined
+as deploy/k8s runs it (read-only root, no capabilities, no network). The HEALTHCHECK tells a
+serving gateway (`adp-gateway status`, ready) and a serving lmcache server (the image's second
+entry point, with the plugin connected to the gateway) from a starting one, and fails once the
+gateway's socket is gone.
 
 Skipped, with the reason, where no Docker daemon answers or no base image is there
 (tests/docker/image.py; CI starts both with scripts/docker-ci.sh).
@@ -36,6 +38,7 @@ CONFINED = (
     "--security-opt", "no-new-privileges",
 )  # fmt: skip
 OTHER_UID = 10002  # a user the image does not know
+METRICS = "127.0.0.1:9464"  # inside the gateway container (its network is none)
 SOCKET_IN_CONTAINER = "/run/lmcache-adp/gateway.sock"
 BENCH_ARGS = (
     "--l1-align-bytes", "4096", "--data-size-kb", "1024", "--num-keys", "8",
@@ -89,12 +92,16 @@ class Containers:
         self.image, self.dirs = image, dirs
         self.names: list[str] = []
 
-    def start(self, *args: str, socket_mode: str = "ro", health_interval_s: int = 1) -> str:
+    def start(
+        self, *args: str, socket_mode: str = "ro", env: tuple[str, ...] = (),
+        health_interval_s: int = 1,
+    ) -> str:  # fmt: skip
         """A detached container running ``args`` (the entrypoint's), health-checked every
         second (the image's default is 30 s) so that waits stay short."""
         name = f"adp-test-{os.getpid()}-{len(self.names)}"
         self.names.append(name)
         flags = [*CONFINED, f"--health-interval={health_interval_s}s", *run_as()]
+        flags += [f"--env={variable}" for variable in env]
         mounts = ["-v", f"{self.dirs.data}:/var/lib/lmcache-adp", *self.dirs.mounts(socket_mode)]
         started = docker("run", "--detach", "--name", name, *flags, *mounts, self.image, *args)
         assert started.returncode == 0, started.stderr
@@ -151,7 +158,9 @@ def wait_healthy(name: str, timeout_s: float = 180) -> None:
 
 
 def start_gateway(containers: Containers) -> str:
-    name = containers.start("gateway", "--capacity", "1GiB", socket_mode="rw")
+    name = containers.start(
+        "gateway", "--capacity", "1GiB", socket_mode="rw", env=(f"ADP_METRICS_ADDRESS={METRICS}",)
+    )
     wait_healthy(name)
     return name
 
@@ -246,6 +255,14 @@ def test_the_socket_admits_the_image_user_and_its_group_only(containers: Contain
     assert member.returncode == 0, member.stderr
     stranger = connect_as(containers, ["--user", f"{OTHER_UID}:{OTHER_UID}"])
     assert stranger.returncode != 0 and "PermissionError" in stranger.stderr, stranger.stderr
+
+    # ADP_METRICS_ADDRESS reached the gateway: what Kubernetes probes and Prometheus scrapes.
+    for path in ("/readyz", "/healthz", "/metrics"):
+        fetch = f"import urllib.request as u; u.urlopen('http://{METRICS}{path}', timeout=5)"
+        fetched = docker("exec", gateway, "python3", "-c", fetch)
+        assert fetched.returncode == 0, f"{path}: {fetched.stderr}"
+    healthy = docker("exec", gateway, "adp-healthcheck")
+    assert f"ok: gateway {SOCKET_IN_CONTAINER} ready" in healthy.stdout, healthy.stdout
 
     # The HEALTHCHECK fails once clients cannot reach the gateway any more.
     assert docker("exec", gateway, "rm", SOCKET_IN_CONTAINER).returncode == 0

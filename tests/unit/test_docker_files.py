@@ -1,23 +1,21 @@
 """Goal: the image's files are right without a Docker daemon. hadolint passes the Dockerfile (and
-fails a bad one, so the check is live); the HEALTHCHECK tells a listening gateway socket from
-one that is not listening, not there or not a socket, and follows the flags each service was
-started with; the entrypoint hands each role its flags. tests/docker runs the image itself."""
+fails a bad one, so the check is live); the HEALTHCHECK tells a serving gateway (it answers
+`adp-gateway status`, ready) from a stopped or missing one, and follows the flags each service
+was started with; the entrypoint hands each role its flags. tests/docker runs the image itself."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support import remove_tree, short_tmpdir
+from tests.support import Gateway, remove_tree, short_tmpdir
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
@@ -62,39 +60,28 @@ def tmp_socket_dir() -> Iterator[Path]:
     remove_tree(path)
 
 
-def test_a_listening_socket_is_healthy_and_a_bound_closed_or_removed_one_is_not(
-    healthcheck: ModuleType, tmp_socket_dir: Path
+def test_a_serving_gateway_is_healthy_and_a_stopped_or_missing_one_is_not(
+    healthcheck: ModuleType, make_gateway: Callable[..., Gateway]
 ) -> None:
-    path = str(tmp_socket_dir / "gw.sock")
-    assert not healthcheck.listening(path)  # nothing there
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(path)
-        assert not healthcheck.listening(path)  # bound, not listening
-        server.listen(1)
-        assert healthcheck.listening(path)
-        os.unlink(path)
-        assert not healthcheck.listening(path)  # listening, but no client can reach it
-    (tmp_socket_dir / "file").write_text("")
-    assert not healthcheck.listening(str(tmp_socket_dir / "file"))
+    gateway = make_gateway().start()
+    path = str(gateway.socket_path)
+    argv = ["/opt/venv/bin/python3", "/opt/venv/bin/adp-gateway", "serve", "--socket", path]
+    assert healthcheck.check(argv) == (True, f"gateway {path} ready")
+    gateway.stop()
+    healthy, what = healthcheck.check(argv)
+    assert not healthy and "no gateway answers" in what, what
+    assert healthcheck.check([*argv[:3], "--socket=/nonexistent/gw.sock"])[0] is False
 
 
-def test_the_check_follows_each_services_own_flags(
-    healthcheck: ModuleType, tmp_socket_dir: Path
-) -> None:
-    path = str(tmp_socket_dir / "gw.sock")
-    gateway = ["/opt/venv/bin/python3", "/opt/venv/bin/adp-gateway", "serve", "--socket", path]
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(path)
-        server.listen(1)
-        assert healthcheck.check(gateway) == (True, f"gateway socket {path} listening")
-    assert healthcheck.check(gateway)[0] is False  # closed
+def test_the_check_follows_each_services_own_flags(healthcheck: ModuleType) -> None:
     server_argv = ["python3", "/x/lmcache", "server", "--http-port", "1", "--http-port=9"]
     assert healthcheck.check(server_argv) == (
         False,
         "lmcache server http://127.0.0.1:9/healthcheck",
     )
-    assert healthcheck.check(["adp-gateway", "check", "--socket", path]) is None
+    assert healthcheck.check(["adp-gateway", "check", "--socket", "/s"]) is None
     assert healthcheck.check(["bash", "-c", "lmcache server"]) is None
+    assert healthcheck.flag_value(["--socket", "/a", "--socket=/b"], "--socket", "") == "/b"
 
 
 def entrypoint(tmp: Path, *args: str, **env: str) -> list[str]:
@@ -126,4 +113,6 @@ def test_the_entrypoint_gives_the_gateway_its_socket_and_data_dir_or_config(
     assert entrypoint(tmp_socket_dir, "gateway", "--capacity", "1GiB", ADP_CONFIG="/c", **env) == [
         "adp-gateway", "serve", "--config", "/c", "--socket", "/run/s.sock", "--capacity", "1GiB",
     ]  # fmt: skip
+    metrics = {"ADP_METRICS_ADDRESS": "0.0.0.0:9464", **env}
+    assert entrypoint(tmp_socket_dir, **metrics)[-2:] == ["--metrics-address", "0.0.0.0:9464"]
     assert entrypoint(tmp_socket_dir, "adp-gateway", "check", **env) == ["adp-gateway", "check"]

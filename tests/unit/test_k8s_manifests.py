@@ -2,7 +2,8 @@
 validates offline against the schemas that kubernetes-validate bundles (a broken one is caught);
 the gateway config in the ConfigMap loads with the gateway's own checks; the plugin's
 adapter_params pass the plugin's own checks and name the gateway's socket; every token file is
-inside a Secret the pod mounts; probes name ports that exist; the services run as non-root."""
+inside a Secret the pod mounts; the gateway serves metrics on the port it is probed and scraped
+on, and probes name ports that exist; the services run as non-root."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ MANIFESTS = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 # The oldest release still widely run, and the newest the package knows.
 VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
 SOCKET = "/run/lmcache-adp/gateway.sock"  # the image's ADP_SOCKET (Dockerfile)
+PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 
 
 def documents() -> list[dict[str, Any]]:
@@ -143,7 +145,7 @@ def test_probes_and_scrape_annotations_name_real_ports() -> None:
         template = doc["spec"]["template"]
         for c in template["spec"]["containers"]:
             names = {p["name"] for p in c.get("ports", [])}
-            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            for probe in PROBES:
                 port = c.get(probe, {}).get("httpGet", {}).get("port")
                 assert port is None or port in names, f"{c['name']} {probe}: no port {port}"
         annotations = template["metadata"].get("annotations", {})
@@ -155,11 +157,17 @@ def test_probes_and_scrape_annotations_name_real_ports() -> None:
             assert port in declared or re.search(rf"--prometheus-port {port}\b", args), doc
 
 
-def test_the_gateway_probes_its_metrics_port() -> None:
+def test_the_gateway_serves_the_port_it_is_probed_and_scraped_on(tmp_path: Path) -> None:
+    config = gateway_config.load(str(gateway_yaml(tmp_path)), {})
+    assert config.metrics_address is not None
+    port = int(config.metrics_address.rsplit(":", 1)[1])
     gateway = container(pod("adp-gateway"), "gateway")
-    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in gateway["ports"]
-    assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in gateway["ports"]
+    paths = {probe: gateway[probe]["httpGet"]["path"] for probe in PROBES}
+    assert paths == {"startupProbe": "/readyz", "livenessProbe": "/healthz",
+                     "readinessProbe": "/readyz"}  # fmt: skip
+    annotations = find("DaemonSet", "adp-gateway")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(port)
 
 
 def test_the_services_run_as_the_images_non_root_user() -> None:
