@@ -61,8 +61,9 @@ class Load:
 def lmcache_bench(
     spec: str, only: str, load: Load, out: Path, sample_pids: tuple[int, ...] = ()
 ) -> dict[str, Any]:
-    """Run one operation. MB/s (10^6 bytes/s) over the measured rounds, and CPU seconds per GB
-    moved of the harness process (``client``) and of each of ``sample_pids``."""
+    """Run one operation. MB/s (10^6 bytes/s) of the keys that succeeded over the measured
+    rounds, the fraction that did, and CPU seconds per GB of the harness process (``client``)
+    and of each of ``sample_pids``."""
     argv = [str(BIN / "lmcache"), "bench", "l2", "--l2-adapter", spec, "--only", only]
     argv += [*load.argv(), "--format", "json", "--output", str(out)]
     env = {
@@ -94,9 +95,11 @@ def lmcache_bench(
     if proc.returncode != 0 or before is None or after is None:
         raise RuntimeError(f"lmcache bench l2 --only {only} failed:\n{text[-3000:]}")
     op = next(m for k, m in json.loads(out.read_text())["metrics"].items() if k.startswith("op_"))
-    if op["total_success"] != op["total_keys"]:
-        raise RuntimeError(f"lmcache bench l2 --only {only}: not every key succeeded: {op}")
-    measured_bytes = op["total_keys"] * load.size_kb * 1024
+    if op["rounds_timed_out"]:
+        raise RuntimeError(f"lmcache bench l2 --only {only}: rounds timed out: {op}")
+    # A store may be refused (the adapter's back-pressure: LMCache then keeps the chunk in L1)
+    # and a load then misses: only the bytes that moved count, and the fraction is reported.
+    measured_bytes = op["total_success"] * load.size_kb * 1024
     seconds = op["duration_avg_ms"] / 1000 * (op["total_keys"] // (load.keys * load.in_flight))
     window_gb = (load.rounds + load.warmup_rounds) * load.round_bytes / 1e9
     cpu = [(a - b) / window_gb for a, b in zip(after, before, strict=True)]
@@ -104,6 +107,7 @@ def lmcache_bench(
         "MBps": measured_bytes / seconds / 1e6,
         "harness_MBps": op["throughput_avg_mbps"] * MBPS_PER_MIBPS,
         "keys": op["total_keys"],
+        "succeeded": op["total_success"] / op["total_keys"],
         "client_cpu_s_per_GB": cpu[0],
         "sampled_cpu_s_per_GB": cpu[1:],
     }

@@ -58,7 +58,8 @@ def throughput_table(report: dict[str, Any], default: str) -> str:
             fs = medians.get("fs-odirect", {}).get(op, {}).get("MBps")
             best = floors[f"best_{direction}_GBps"] * 1e3
             shape = floors[f"gateway_shape_{direction}_GBps"] * 1e3
-            cells = [_mbps(v) for v in values]
+            done = [medians.get(n, {}).get(op, {}).get("succeeded", 1.0) for n in names]
+            cells = [_mbps(v, f) for v, f in zip(values, done, strict=True)]
             ratios = [_ratio(ours, fs), _ratio(ours, best), _ratio(ours, shape)]
             lines.append(
                 f"| {_size(load['size_kb'])} | {load['keys']} x {load['in_flight']} | {op} | "
@@ -118,8 +119,12 @@ def _size(size_kb: int) -> str:
     return f"{size_kb // 1024} MiB" if size_kb % 1024 == 0 else f"{size_kb} KiB"
 
 
-def _mbps(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
+def _mbps(value: float | None, succeeded: float = 1.0) -> str:
+    """MB/s; with the share of keys that succeeded when some did not (refused stores, and the
+    misses they leave for the loads)."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if succeeded >= 1.0 else f"{value:.0f} ({succeeded:.0%} of keys)"
 
 
 def _num(value: float | None) -> str:
