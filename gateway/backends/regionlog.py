@@ -170,6 +170,7 @@ class _Database:
         self.group_sync = GroupSync(device)
         self.busy = 0  # appends and reads in progress; under the log's lock
         self.last_io = 0.0  # monotonic time the last of them ended
+        self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
         self._find_unwritten()
 
     def _find_unwritten(self) -> None:
@@ -608,13 +609,16 @@ class RegionLog:
     def claim_unprepared(self, idle_s: float) -> tuple[int, int, int, int] | None:
         with self._lock:
             for db in self._databases:
+                if not db.idle(idle_s):
+                    continue
                 free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
                 todo = [r for r in free if r.prepared_bytes < db.region_bytes]
                 # Leave two free regions to the log, so it never waits for one held here.
-                if not todo or len(free) < 3 or not db.idle(idle_s):
+                if not todo or len(free) < 3:
                     continue
                 region = todo[0]
                 region.preparing = True
+                db.takes_seen = db.takes
                 start = db.region_offset(region.index)
                 end = start + db.region_bytes
                 return db.index, region.index, start + region.prepared_bytes, end
@@ -628,8 +632,11 @@ class RegionLog:
         with self._lock:
             held = db.regions[region]
             held.prepared_bytes = upto - db.region_offset(region)
-            free = sum(1 for r in db.regions if r.epoch == 0 and not r.preparing)
-            if held.prepared_bytes < db.region_bytes and free >= 2 and db.idle(idle_s):
+            room = True
+            if db.takes != db.takes_seen:  # regions were taken since: count the free ones
+                db.takes_seen = db.takes
+                room = sum(1 for r in db.regions if r.epoch == 0 and not r.preparing) >= 2
+            if held.prepared_bytes < db.region_bytes and room and db.idle(idle_s):
                 return True
             held.preparing = False
             return False
@@ -665,6 +672,7 @@ class RegionLog:
         its limit, else the best of its own to reclaim (or of a pool over its limit, as a
         lowered quota leaves)."""
         carried: list[RecordHeader] = []
+        db.takes += 1
         held = Counter(r.pool for r in db.regions if r.epoch)
         free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
         below = held[pool] < self._pools.limit(pool, len(db.regions))
