@@ -45,7 +45,7 @@ class GatewayConfig:
     fragment_size: int = field(default=4 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES})
     prepare_databases: bool = True
     io_threads: int = field(default=8, metadata={"minimum": 1})
-    sync: str = field(default="always", metadata={"choices": ("always", "periodic", "none")})
+    sync: str = field(default="periodic", metadata={"choices": ("always", "periodic", "none")})
     sync_interval_ms: int = field(default=100, metadata={"minimum": 1})
     session_slots: int = field(default=128, metadata={"minimum": 1})
     session_arena_size: int = field(
