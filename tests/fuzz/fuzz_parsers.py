@@ -77,6 +77,7 @@ from gateway.format import (
     unpack_header,
 )
 from gateway.index import Manifest
+from gateway.metrics import Metrics
 from gateway.protocol import (
     FRAME_BYTES_MAX,
     KEY_BYTES_MAX,
@@ -641,15 +642,22 @@ class Client:
     def __init__(self, session_id: int, tenant: str, store: Store, scheduler: Scheduler) -> None:
         ours, self._theirs = socket.socketpair()
         self.session = Session(
-            session_id, ours, tenant, "fuzz", SESSION_LAYOUT, store, scheduler, lambda s: None
+            session_id,
+            ours,
+            tenant,
+            "fuzz",
+            SESSION_LAYOUT,
+            store,
+            scheduler,
+            lambda s: None,
+            Metrics(),
         )
         _, fds = self.session.welcome(SESSION_LAYOUT.window_bytes)
         memfd = os.dup(fds[0])
         try:
             self.memory = memoryview(map_shared(memfd, SESSION_LAYOUT))
         finally:
-            os.close(memfd)
-            os.close(fds[0])  # as Session.run does first: the mapping keeps the memory
+            os.close(memfd)  # the session's own copy of the memfd is closed with it
         self.window = SESSION_LAYOUT.window(self.memory)
         self.submissions = ring_queue.submission_producer(self.memory, SESSION_LAYOUT)
         self.completions = ring_queue.completion_consumer(self.memory, SESSION_LAYOUT)
@@ -730,7 +738,7 @@ def expect(submission: Submission, request: bytes, in_flight: set[int], now: int
     layout = SESSION_LAYOUT
     if submission.op not in (1, 2, 3, 4) or submission.slot >= layout.slots:
         return REFUSED
-    if submission.flags & ~FLAG_L1 or (submission.flags and submission.op not in (1, 2)):
+    if submission.flags & ~FLAG_L1 or (submission.flags and submission.op != Op.SET):
         return REFUSED
     if submission.request_bytes > layout.arena_bytes or submission.slot in in_flight:
         return REFUSED
@@ -752,11 +760,11 @@ def expect(submission: Submission, request: bytes, in_flight: set[int], now: int
 @target
 def target_session(src: Source) -> None:
     """Session._dispatch of fuzzed descriptors, one after another: it refuses (ProtocolError)
-    exactly what the checks forbid (unknown op, unknown flags or flags on an op without data,
+    exactly what the checks forbid (unknown op, unknown flags or flags on an op but a store,
     slot out of range, request over its arena, slot reused while in flight, bad keys, a data op's
     window range unaligned or outside the window, a data op without exactly one key, a zero-copy
-    op on a session without an L1 segment), answers EXISTS and expired ops at once, queues the rest;
-    queued ops run and complete; nothing raises anything else."""
+    store on a session without an L1 segment), answers EXISTS and expired ops at once, queues the
+    rest; queued ops run and complete; nothing raises anything else."""
     store = small_store(MemoryDevice(PAGE_BYTES + 4 * STORE_REGION_BYTES))
     store.recover()
     scheduler = Scheduler(10**9)
@@ -1494,7 +1502,7 @@ def plant_session(patch: Patch) -> None:
             raise ProtocolError("slot out of range")
         if submission.request_bytes > self._layout.arena_bytes:
             raise ProtocolError("request overflows its arena")
-        self._inflight.add(submission.slot)
+        self._inflight[submission.slot] = 0.0, 1
         return Op(submission.op)
 
     patch(Session, "_check", check)

@@ -27,6 +27,9 @@ LAYERS = [
     {
         "gateway.footer",
         "gateway.fragmenter",
+        "gateway.metrics",
+        "gateway.status",
+        "gateway.verify",
         "gateway.tenants",
         "gateway.backends.base",
         "gateway.backends.memory",
@@ -37,6 +40,7 @@ LAYERS = [
         "gateway.backends.regionscan",
         "gateway.backends.faulty",
         "gateway.backends.preparer",
+        "gateway.health",
     },
     {"gateway.backends.regionlog", "gateway.check"},
     {"gateway.index", "gateway.tombstones"},

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.backends.memory import MemoryDevice
 from gateway.errors import ProtocolError
+from gateway.metrics import Metrics
 from gateway.protocol import Op, Status, encode_keys
 from gateway.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
 from gateway.ring.queue import completion_consumer
@@ -27,7 +28,7 @@ def session() -> Iterator[tuple[Session, Scheduler, memoryview]]:
     store = open_store([MemoryDevice(4096 + 4 * REGION)])
     scheduler = Scheduler(10**9)  # no I/O threads: queued ops stay in flight
     ours, theirs = socket.socketpair()
-    session = Session(1, ours, "t", "test", LAYOUT, store, scheduler, lambda s: None)
+    session = Session(1, ours, "t", "test", LAYOUT, store, scheduler, lambda s: None, Metrics())
     _, fds = session.welcome(LAYOUT.window_bytes)
     client_memory = memoryview(map_shared(os.dup(fds[0]), LAYOUT))
     yield session, scheduler, client_memory
