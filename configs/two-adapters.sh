@@ -18,7 +18,7 @@
 # (give it one, e.g. maxmemory-policy allkeys-lru); both adapters have max_capacity_gb 0, so
 # LMCache's own L2 eviction stays off.
 set -euo pipefail
-PORT=5555 HTTP_PORT=8080 L1_GB=8 SOCKET=/tmp/lmcache-adp/gateway.sock TENANT=default
+PORT=5555 HTTP_PORT=8080 L1_GB=8 SOCKET="" TENANT=default  # SOCKET "": the gateway's default
 REDIS_HOST=127.0.0.1 REDIS_PORT=6379 REDIS_WORKERS=8 REDIS_FIRST=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,8 +36,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1
+params='"tenant":"'"$TENANT"'"'
+[ -n "$SOCKET" ] && params+=',"socket_path":"'"$SOCKET"'"'
 adp='{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector",'
-adp+='"adapter_params":{"socket_path":"'"$SOCKET"'","tenant":"'"$TENANT"'"},"max_capacity_gb":0}'
+adp+='"adapter_params":{'"$params"'},"max_capacity_gb":0}'
 redis='{"type":"resp","host":"'"$REDIS_HOST"'","port":'"$REDIS_PORT"','
 redis+='"num_workers":'"$REDIS_WORKERS"',"max_capacity_gb":0}'
 if [ "$REDIS_FIRST" = 1 ]; then adapters=(--l2-adapter "$redis" --l2-adapter "$adp")
