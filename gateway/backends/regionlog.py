@@ -302,35 +302,50 @@ class RegionLog:
     def _write_runs(
         self, db: _Database, runs: list[_Run], payloads: list[memoryview | None]
     ) -> tuple[list[bool], OSError | None]:
-        """Issue every run's write before any settles, so no thread waits for another's first
-        write before issuing its own. After a failure the runs left are not written, but a
-        region's prologue still is: other threads' records there wait for it."""
-        landed: list[bool] = []
+        """Write each run; return which landed, and the first failure. A region's first run
+        (the one carrying its prologue) goes first, and a run in a region whose first write is
+        someone else's waits until that has landed: the region's first page must name the new
+        filling before anything of it overwrites the old one, or a crash in between would leave
+        the old filling's footer believed over records no longer there. Writes that lead a
+        region never wait, so no thread waits for one that waits. After a failure the runs
+        left are not written, but a region's prologue still is: others' records wait for it."""
+        slices, first = [], 0
+        for run in runs:
+            slices.append(payloads[first : first + len(run.headers)])
+            first += len(run.headers)
+        landed = [False] * len(runs)
         failure: OSError | None = None
-        first = 0
+        order = sorted(range(len(runs)), key=lambda i: not runs[i].prologue)
         try:
-            for run in runs:
-                records = payloads[first : first + len(run.headers)]
-                first += len(run.headers)
-                packed = _pack(db, run, records) if failure is None else []
+            for i in order:
+                run = runs[i]
+                if not run.prologue and not self._wait_started(run.region):
+                    continue  # its region's first write failed: nothing of it may be written
+                packed = _pack(db, run, slices[i]) if failure is None else []
                 buffers = [*run.prologue, *packed]
-                done = False
+                written = False
                 if buffers:
                     try:
                         db.device.write(buffers, run.start)
                         db.group_sync.wrote()
-                        done = True
+                        written = True
                     except OSError as exc:
                         failure = failure or exc
                 if run.prologue:
-                    self._mark_started(db, run, done)
+                    self._mark_started(db, run, written)
                     run.prologue = []
-                landed.append(done and bool(packed))
+                landed[i] = written and bool(packed)
         finally:
-            for run in runs[len(landed) :]:  # an unexpected error: no waiter may hang on these
+            for run in runs:  # an unexpected error: no waiter may hang on a prologue left
                 if run.prologue:
                     self._mark_started(db, run, False)
-        return landed + [False] * (len(runs) - len(landed)), failure
+        return landed, failure
+
+    def _wait_started(self, region: _Region) -> bool:
+        """Wait until the region's first write is over; whether it landed."""
+        with self._lock:
+            self._started.wait_for(lambda: region.started is not None)
+            return bool(region.started)
 
     def _mark_started(self, db: _Database, run: _Run, landed: bool) -> None:
         """The region's first write is over. If it failed, the filling takes no more appends
