@@ -16,7 +16,6 @@ from gateway.backends.memory import MemoryDevice
 from gateway.backends.regionlog import RegionLog
 from gateway.errors import StartupError, StorageError
 from gateway.format import Kind, RecordHeader, unpack_header
-from tests.support import wait_until
 from tests.unit.storage_helpers import REGION, extent, make_devices, payload
 
 SIZE = 4096 + 4 * REGION  # superblock + four regions
@@ -251,9 +250,11 @@ def test_a_region_is_opened_by_its_first_write_not_by_a_write_of_its_own() -> No
     assert first is not None and first.kind == Kind.REGION and first.epoch == location.epoch
 
 
-def test_records_settle_only_after_their_regions_first_write_landed() -> None:
-    """A record written behind a region's slow first write (which carries the epoch) is not
-    reported written, so not synced nor acknowledged, before that first write has landed."""
+def test_nothing_of_a_filling_is_written_before_its_first_page() -> None:
+    """A record reserved behind a region's slow first write (which names the new filling) is
+    not written before that first write has landed: until then the region's first page names
+    the old filling, whose footer a crash would have recovery believe over whatever had been
+    overwritten; nor is it reported written, so not synced nor acknowledged."""
     device = GatedDevice(SIZE)
     log = RegionLog([device], REGION, lambda *r: [])
     device.held_offset = 4096  # region 0's start, the first write of its first filling
@@ -261,10 +262,11 @@ def test_records_settle_only_after_their_regions_first_write_landed() -> None:
     first_done = in_thread(lambda: log.append(0, header(1, 8192), extent(bytes(8192))))
     assert device.holding.wait(10)
     second_done = in_thread(lambda: log.append(0, header(2, 8192), extent(bytes(8192))))
-    wait_until(lambda: len(device.writes) == 1, 10, "the second record's write to land")
-    assert not second_done.wait(0.5)  # landed, but its region's first write has not
+    assert not second_done.wait(0.5)  # it waits for the region's first write...
+    assert device.writes == []  # ...and wrote nothing meanwhile
     device.release.set()
     assert first_done.wait(10) and second_done.wait(10)
+    assert device.writes[0][0] == 4096  # the first page went first
     assert sorted(scanned_seqs(RegionLog([device], REGION, lambda *r: []))) == [1, 2]
 
 
