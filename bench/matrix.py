@@ -7,7 +7,8 @@ matrix of shapes, against the disk's floor measured in the same run.
 Cells: object size (``--sizes-kb``) x keys per submit (``--keys``) x submits in flight
 (``--in-flight``). Contenders (``--contenders``): lmcache-adp with each sync policy
 (``adp-always``, ``adp-periodic``, ``adp-none``; every other setting its default) and LMCache's
-``fs_native`` with ``use_odirect`` true and false (``fs-odirect``, ``fs-buffered``).
+``fs_native`` with ``use_odirect`` true and false (``fs-odirect``, ``fs-buffered``). An
+experiment adds gateway settings to a contender: ``adp-periodic@io_threads=16;region_size=128MiB``.
 
 A run of a contender on a cell starts from empty storage (a new data dir, database or fs_native
 directory), stores through ``lmcache bench l2 --only store`` (bench/harness.py), drops the page
@@ -42,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench import floor, gateways
 from bench.harness import Load, drop_file_cache, lmcache_bench
 from bench.machine import machine
@@ -74,14 +77,15 @@ HARNESS_ROUNDS_MAX = 256
 SPACE_HEADROOM = 1.5  # free disk space needed, over the bytes a run stores
 
 
-def run_adp(directory: Path, load: Load, policy: str, interval_ms: int) -> dict[str, Any]:
-    """lmcache-adp with ``sync: policy`` on a new data dir: store, then load from a new
-    process. Raises when the gateway does not start."""
+def run_adp(
+    directory: Path, load: Load, policy: str, interval_ms: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """lmcache-adp with ``sync: policy`` (and ``extra`` settings) on a new data dir: store,
+    then load from a new process. Raises when the gateway does not start."""
     workdir, sockdir = directory / "adp", short_tmpdir()
     workdir.mkdir()
-    config = gateways.write_config(
-        workdir / "gateway.yaml", gateways.sync_settings(policy, interval_ms)
-    )
+    settings = {**gateways.sync_settings(policy, interval_ms), **extra}
+    config = gateways.write_config(workdir / "gateway.yaml", settings)
     objects = (load.rounds + load.warmup_rounds) * load.keys * load.in_flight
     capacity = gateways.capacity_for(objects, load.size_kb * 1024)
     gateway = Gateway(workdir, capacity, "--config", str(config), socket_path=sockdir / "gw.sock")
@@ -129,9 +133,13 @@ def run_fs_native(directory: Path, load: Load, odirect: bool) -> dict[str, Any]:
 
 
 def contender_runner(name: str, interval_ms: int) -> Callable[[Path, Load], dict[str, Any]]:
+    """``adp-POLICY``, optionally ``@key=value,key=value`` gateway settings (an experiment:
+    ``adp-periodic@io_threads=16``), ``fs-odirect`` or ``fs-buffered``."""
     if name.startswith("adp-"):
-        policy = name.removeprefix("adp-")
-        return lambda directory, load: run_adp(directory, load, policy, interval_ms)
+        policy, _, rest = name.removeprefix("adp-").partition("@")
+        pairs = (setting.partition("=") for setting in rest.split(";") if setting)
+        extra = {key: yaml.safe_load(value) for key, _, value in pairs}
+        return lambda directory, load: run_adp(directory, load, policy, interval_ms, extra)
     if name in ("fs-odirect", "fs-buffered"):
         odirect = name == "fs-odirect"
         return lambda directory, load: run_fs_native(directory, load, odirect)
