@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ def lmcache_bench(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
     )
     lines: list[str] = []
+    started_at = 0.0  # wall clock of the first round
     before: list[float] | None = None
     after: list[float] | None = None
     assert proc.stdout is not None
@@ -86,6 +88,7 @@ def lmcache_bench(
             lines.append(line)
             if before is None and "Running" in line:
                 before = cpu_seconds_of((proc.pid, *sample_pids))
+                started_at = time.time()
             elif after is None and "Benchmark Result" in line:
                 after = cpu_seconds_of((proc.pid, *sample_pids))
         proc.wait(60)
@@ -108,6 +111,7 @@ def lmcache_bench(
         "harness_MBps": op["throughput_avg_mbps"] * MBPS_PER_MIBPS,
         "keys": op["total_keys"],
         "succeeded": op["total_success"] / op["total_keys"],
+        "started_at": started_at,
         "client_cpu_s_per_GB": cpu[0],
         "sampled_cpu_s_per_GB": cpu[1:],
     }

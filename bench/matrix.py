@@ -31,6 +31,7 @@ shared. Writes bench/results/matrix.{json,md} (``--quick``: matrix-quick.*), MB/
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
 import os
@@ -102,11 +103,23 @@ def run_adp(
         dropped = gateways.dropped_sessions(gateway)
         if dropped["count"]:
             raise RuntimeError(f"the gateway dropped a session: {dropped['first']}")
+        store["prepared_before"] = prepared_before(gateway.log(), store.pop("started_at"))
+        loaded.pop("started_at")
         return {"store": _with_gateway_cpu(store), "load": _with_gateway_cpu(loaded)}
     finally:
         gateway.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def prepared_before(gateway_log: str, started_at: float) -> float:
+    """1.0 when the gateway had written its new database once (gateway/backends/preparer.py)
+    before the stores' first round, else 0.0 (it prepares only while the disk is idle)."""
+    for line in gateway_log.splitlines():
+        if "are prepared" in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            return float(stamp <= started_at)
+    return 0.0
 
 
 def _with_gateway_cpu(result: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +138,7 @@ def run_fs_native(directory: Path, load: Load, odirect: bool) -> dict[str, Any]:
         drop_file_cache(base)
         loaded = lmcache_bench(spec, "load", load, reports / "load.json")
         for result in (store, loaded):
-            del result["sampled_cpu_s_per_GB"]
+            del result["sampled_cpu_s_per_GB"], result["started_at"]
         return {"store": store, "load": loaded}
     finally:
         shutil.rmtree(base, ignore_errors=True)
