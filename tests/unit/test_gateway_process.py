@@ -4,6 +4,7 @@ frees every fd and mapping of a client killed mid-transfer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -11,7 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -98,15 +99,28 @@ def test_restart_after_sigkill_takes_over_the_stale_socket(gateway: Gateway) -> 
     assert gateway.alive
 
 
-def hostile_client(socket_path: Path) -> tuple[socket.socket, memoryview, int, RingLayout]:
+@contextlib.contextmanager
+def hostile_client(
+    socket_path: Path,
+) -> Iterator[tuple[socket.socket, memoryview, int, RingLayout]]:
+    """A client that handshakes, then writes what it likes into its shared memory; its socket,
+    fds and mapping are closed when the block ends."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(socket_path))
     send_frame(sock, hello_body(Hello(tenant="evil")))
     body, fds = recv_frame(sock, fds_max=3)
     welcome = parse_welcome(body)
     layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
-    memory = memoryview(map_shared(fds[0], layout))
-    return sock, memory, fds[1], layout
+    mapping = map_shared(fds[0], layout)
+    memory = memoryview(mapping)
+    try:
+        yield sock, memory, fds[1], layout
+    finally:
+        memory.release()
+        mapping.close()
+        sock.close()
+        for fd in fds:
+            os.close(fd)
 
 
 @pytest.mark.parametrize("garbage", ["random", "slot", "window", "tail", "keys"])
@@ -114,26 +128,10 @@ def test_garbage_in_a_ring_drops_only_that_session(gateway: Gateway, garbage: st
     good = ADPConnector(**gateway.adapter_params())
     try:
         connected(good)
-        sock, memory, doorbell, layout = hostile_client(gateway.socket_path)
-        rng = random.Random(garbage)
-        entry = [1, 1, 0, 0, 0, 0, 0, 2**63, 0, 4096]  # a GET of slot 0 with no keys
-        if garbage == "random":
-            memory[layout.sq_offset : layout.sq_offset + 64] = rng.randbytes(64)
-        elif garbage == "slot":
-            entry[4] = layout.slots + 5
-        elif garbage == "window":
-            entry[8], entry[9] = layout.window_bytes - 4096, 8192
-        elif garbage == "keys":
-            arena = layout.arenas_offset
-            memory[arena : arena + 16] = rng.randbytes(16)
-            entry[5] = 16
-        if garbage not in ("random",):
-            SUBMISSION.pack_into(memory, layout.sq_offset, *entry)
-        tail = 2**40 if garbage == "tail" else 1
-        struct.pack_into("<Q", memory, SQ_TAIL, tail)
-        os.eventfd_write(doorbell, 1)
-        sock.settimeout(10)
-        assert sock.recv(1) == b""  # the gateway hung up on us
+        with hostile_client(gateway.socket_path) as (sock, memory, doorbell, layout):
+            make_garbage(garbage, memory, doorbell, layout)
+            sock.settimeout(10)
+            assert sock.recv(1) == b""  # the gateway hung up on us
         wait_until(lambda: "dropping the session" in gateway.log(), 10, "the drop to be logged")
         data = objects(2, 65536)
         item = wait_for_future(good, good.submit_batch_set(["a", "b"], views(data)))
@@ -141,6 +139,27 @@ def test_garbage_in_a_ring_drops_only_that_session(gateway: Gateway, garbage: st
         assert gateway.alive
     finally:
         good.close()
+
+
+def make_garbage(garbage: str, memory: memoryview, doorbell: int, layout: RingLayout) -> None:
+    """Write one kind of garbage into a client's submission ring, and ring."""
+    rng = random.Random(garbage)
+    entry = [1, 1, 0, 0, 0, 0, 0, 2**63, 0, 4096]  # a GET of slot 0 with no keys
+    if garbage == "random":
+        memory[layout.sq_offset : layout.sq_offset + 64] = rng.randbytes(64)
+    elif garbage == "slot":
+        entry[4] = layout.slots + 5
+    elif garbage == "window":
+        entry[8], entry[9] = layout.window_bytes - 4096, 8192
+    elif garbage == "keys":
+        arena = layout.arenas_offset
+        memory[arena : arena + 16] = rng.randbytes(16)
+        entry[5] = 16
+    if garbage not in ("random",):
+        SUBMISSION.pack_into(memory, layout.sq_offset, *entry)
+    tail = 2**40 if garbage == "tail" else 1
+    struct.pack_into("<Q", memory, SQ_TAIL, tail)
+    os.eventfd_write(doorbell, 1)
 
 
 def test_refused_handshake_reaches_the_client_as_a_clear_error(gateway: Gateway) -> None:
@@ -246,6 +265,8 @@ def test_a_client_killed_mid_transfer_frees_its_session(gateway: Gateway) -> Non
     finally:
         client.kill()
         client.wait(10)
+        if client.stdout is not None:
+            client.stdout.close()
     wait_until(lambda: "client disconnected" in gateway.log(), 10, "the gateway to notice")
     wait_until(
         lambda: session_resources(gateway) == baseline,
