@@ -52,7 +52,9 @@ def parser() -> argparse.ArgumentParser:
         "--metrics-address", help="HOST:PORT for /metrics, /healthz and /readyz (default: off)"
     )
     serve.set_defaults(run=serve_until_stopped)
-    status = commands.add_parser("status", help="how a running gateway is doing")
+    status = commands.add_parser(
+        "status", help="how a running gateway is doing; exit 1 when it is not ready, 2 when none"
+    )
     status.add_argument("--config", help="YAML file; see configs/gateway.yaml")
     status.add_argument("--socket", help="the gateway's Unix socket (default: its default)")
     status.add_argument("--json", action="store_true", help="print JSON instead of lines")
@@ -100,7 +102,7 @@ def _status(args: argparse.Namespace) -> int:
     config = config_module.load(args.config, {"socket": args.socket})
     status = ask(config.socket_path)
     print(json.dumps(status, indent=2) if args.json else render(status))
-    return 0
+    return 0 if status["ready"] else 1
 
 
 def _verify(args: argparse.Namespace) -> int:

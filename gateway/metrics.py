@@ -20,8 +20,10 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
   ``adp_gateway_evicted_regions_total``, ``adp_gateway_device_errors_total{database}``.
 - ``adp_gateway_recovery_seconds``: how long the last start-up took to rebuild the index.
 
-``/healthz`` answers 200 while the process runs; ``/readyz`` 200 once the index is recovered
-and the socket listens, 503 before and while stopping.
+``/healthz`` answers 200 while the process runs and its housekeeping thread (which expires
+queued ops every 100 ms) keeps ticking, 503 once that thread has been stuck for 10 s (a
+liveness probe then restarts it); ``/readyz`` 200 once the index is recovered and the socket
+listens, 503 before and while stopping.
 """
 
 from __future__ import annotations
@@ -210,15 +212,22 @@ def parse_address(address: str) -> tuple[str, int]:
 class MetricsServer:
     """The HTTP endpoint: /metrics, /healthz, /readyz, in a thread of its own."""
 
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        address: str,
+        metrics: Metrics,
+        ready: Callable[[], bool],
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
         host, port = parse_address(address)
         metrics_app = make_wsgi_app(metrics.registry)
 
         def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
             if path == "/healthz":
-                start_response("200 OK", [("Content-Type", "text/plain")])
-                return [b"alive\n"]
+                living = alive()
+                start_response("200 OK" if living else "503 Service Unavailable", [])
+                return [b"alive\n" if living else b"stuck: its housekeeping thread stopped\n"]
             if path == "/readyz":
                 serving = ready()
                 start_response("200 OK" if serving else "503 Service Unavailable", [])

@@ -52,6 +52,7 @@ from gateway.units import format_size
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.1
 RATE_SAMPLE_INTERVAL_S = 5.0
+STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not ticked this long
 HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -67,11 +68,12 @@ class Gateway:
         _claim_socket_path(config.socket_path, config.socket_group)
         self.metrics = Metrics()
         self._rates = Rates(self.metrics)
+        self._heartbeat: float | None = None  # the housekeeping thread's last tick (monotonic)
         self._ready = False  # recovered and listening: /readyz
         self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:  # /healthz answers during the recovery too
             self._metrics_server = MetricsServer(
-                config.metrics_address, self.metrics, lambda: self._ready
+                config.metrics_address, self.metrics, lambda: self._ready, self._alive
             )
             self._metrics_server.start()
         self.config = config_module.resolve_capacity(config)
@@ -141,6 +143,12 @@ class Gateway:
             time.monotonic() - started,
         )
         return store
+
+    def _alive(self) -> bool:
+        """False once the housekeeping thread has not ticked for STUCK_AFTER_S (a deadlock, or
+        a stuck interpreter); True before it starts (during the recovery)."""
+        beat = self._heartbeat
+        return beat is None or time.monotonic() - beat < STUCK_AFTER_S
 
     def status(self) -> dict[str, Any]:
         """What ``adp-gateway status`` shows and the metrics' gauges read: one snapshot."""
@@ -238,6 +246,7 @@ class Gateway:
         give their slots back to their clients."""
         next_sample = 0.0
         while not self._stopping.wait(EXPIRE_INTERVAL_S):
+            self._heartbeat = time.monotonic()
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`

@@ -5,6 +5,7 @@ mid-traffic never stalls LMCache."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -75,10 +76,18 @@ def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
     make_gateway: Callable[..., Gateway], make_server: Callable[[str], LMCacheServer]
 ) -> None:
     gateway = make_gateway()
-    server = make_server(gateway.l2_adapter_json(reconnect_interval_s=0.2)).start()
+    params = {"reconnect_interval_s": 0.1, "reconnect_interval_max_s": 0.5}
+    server = make_server(gateway.l2_adapter_json(**params)).start()
     assert mp_client(server, "check", 1, "--chunks", "2") == 1  # a miss, not a hang
+    # The server's own output says why, once, with the path and the fix, at WARNING.
+    warnings = re.findall(
+        r"lmcache-adp WARNING: cannot reach the gateway at (\S+) .*", server.log()
+    )
+    assert warnings == [str(gateway.socket_path)], server.log()[-2000:]
+    assert "adp-gateway serve --socket" in server.log()
     gateway.start()
     wait_until(lambda: "connected" in gateway.log(), 30, "the plugin to connect")
+    wait_until(lambda: "lmcache-adp INFO: connected to the gateway" in server.log(), 10, "its line")
     store_then_load_from_l2(server, seed=1)
 
 

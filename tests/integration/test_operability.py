@@ -90,17 +90,21 @@ def test_metrics_agree_with_lmcache_counters_for_the_same_traffic(
     assert total(ours, "adp_gateway_used_bytes") <= total(ours, "adp_gateway_capacity_bytes")
 
 
-def test_readyz_is_503_until_the_gateway_serves() -> None:
-    serving = False
-    server = MetricsServer(f"127.0.0.1:{free_port()}", Metrics(), lambda: serving)
+def test_readyz_is_503_until_the_gateway_serves_and_healthz_once_it_is_stuck() -> None:
+    serving, living = False, True
+    address = f"127.0.0.1:{free_port()}"
+    server = MetricsServer(address, Metrics(), lambda: serving, lambda: living)
     server.start()
     try:
-        url = f"http://127.0.0.1:{server.port}"
+        url = f"http://{address}"
         with pytest.raises(urllib.error.HTTPError, match="503"):
             scrape(f"{url}/readyz")
         assert scrape(f"{url}/healthz") == "alive\n"
         serving = True
         assert scrape(f"{url}/readyz") == "ready\n"
+        living = False
+        with pytest.raises(urllib.error.HTTPError, match="503"):
+            scrape(f"{url}/healthz")
     finally:
         server.stop()
 
