@@ -7,6 +7,7 @@ import time
 
 from gateway.backends.groupsync import GroupSync, PeriodicSync
 from gateway.backends.memory import MemoryDevice
+from tests.support import wait_until
 
 
 class SlowDevice(MemoryDevice):
@@ -74,13 +75,15 @@ def test_a_failed_sync_raises_and_the_next_caller_retries() -> None:
 def test_periodic_sync_commits_on_its_clock_and_stops() -> None:
     ticks: list[float] = []
     periodic = PeriodicSync(lambda: ticks.append(time.monotonic()), 0.02)
+    started = time.monotonic()
     periodic.start()
-    time.sleep(0.3)
+    wait_until(lambda: len(ticks) >= 5, 10, "five commits")
     periodic.stop()
+    # A commit every interval, never sooner: five took at least four intervals.
+    assert ticks[4] - ticks[0] >= 4 * 0.02 and ticks[0] - started >= 0.02
     count = len(ticks)
-    assert 2 <= count <= 16  # about every 20 ms
-    time.sleep(0.06)
-    assert len(ticks) == count  # stopped: no more commits
+    periodic.stop()  # stopping twice is harmless; stopped means no more commits
+    assert len(ticks) == count and not periodic._thread.is_alive()
 
 
 def test_a_failing_periodic_sync_keeps_its_clock() -> None:
@@ -92,6 +95,5 @@ def test_a_failing_periodic_sync_keeps_its_clock() -> None:
 
     periodic = PeriodicSync(failing, 0.01)
     periodic.start()
-    time.sleep(0.15)
+    wait_until(lambda: len(calls) >= 3, 10, "commits to go on after a failure")
     periodic.stop()
-    assert len(calls) >= 3
