@@ -37,17 +37,23 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
 
 from gateway.backends.base import Device
-from gateway.backends.groupsync import GroupSync
-from gateway.backends.preparer import Preparer, base_device, unwritten_ranges
+from gateway.backends.preparer import Preparer, base_device
+from gateway.backends.regions import (
+    Database,
+    Location,
+    Pools,
+    Region,
+    RegionRecords,
+    Run,
+    header_pages,
+    pack_run,
+)
 from gateway.backends.regionscan import (
     RegionReader,
     aligned,
@@ -57,170 +63,20 @@ from gateway.backends.regionscan import (
     write_footer,
 )
 from gateway.errors import StartupError, StorageError
-from gateway.footer import TRAILER_BYTES, FooterRow, entry_bytes_max, row_of
+from gateway.footer import FooterRow, entry_bytes_max, row_of
 from gateway.format import (
     HEADER_BYTES,
     Kind,
     RecordHeader,
-    Superblock,
     pack_header,
-    pack_superblock,
     unpack_header,
-    unpack_superblock,
 )
 from gateway.ring.layout import PAGE_BYTES, align_up
 
+__all__ = ["Location", "OnReclaim", "Pools", "Progress", "RegionLog", "RegionRecords"]
 log = logging.getLogger(__name__)
 OnReclaim = Callable[[int, int, int], list[RecordHeader]]
 Progress = Callable[[int, int], None]
-
-
-class Location(NamedTuple):
-    database: int
-    region: int
-    epoch: int
-    offset: int  # of the record's header, from the start of the device
-    record_bytes: int
-
-
-@dataclass(frozen=True)
-class Pools:
-    """Tenant with a quota -> the regions per database its pool may own; all other tenants
-    share the pool ``SHARED``, of the regions the limits leave."""
-
-    limits: Mapping[str, int] = field(default_factory=dict)
-    SHARED = ""
-
-    def of(self, tenant: str) -> str:
-        return tenant if tenant in self.limits else self.SHARED
-
-    def limit(self, pool: str, regions: int) -> int:
-        return self.limits.get(pool, regions - sum(self.limits.values()))
-
-
-class RegionRecords(NamedTuple):
-    """What a recovery found in one region: its records as footer rows (gateway/footer.py)."""
-
-    database: int
-    region: int
-    epoch: int
-    start: int  # the region's offset on the device; a row's record is at start + row[0]
-    rows: list[FooterRow]
-
-
-@dataclass
-class _Region:
-    index: int
-    epoch: int = 0  # 0: free
-    pool: str = Pools.SHARED
-    used_bytes: int = 0
-    writes_inflight: int = 0  # record writes, and the footer's
-    reads_inflight: int = 0  # a region being read is not reclaimed
-    sealed: bool = False  # takes no more appends; its footer follows its last write
-    footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
-    last_access: int = 0
-    live: int = 0  # records the store uses
-    records: list[tuple[int, RecordHeader]] = field(default_factory=list)  # written, for the footer
-    # The filling's first pages (its start record and carried tombstones), written in front of
-    # the first run reserved in it; None once a run took them.
-    prologue: list[memoryview] | None = None
-    started: bool | None = True  # whether the first write landed; None while it is in flight
-    carried: list[RecordHeader] = field(default_factory=list)  # to rewrite at the next filling
-    # Bytes from its start known to be written once (gateway/backends/preparer.py): a region
-    # that holds unwritten blocks costs more to fill the first time.
-    prepared_bytes: int = 2**62
-    preparing: bool = False  # held by the preparer: not free to take
-
-    def fits(self, header: RecordHeader, region_bytes: int) -> bool:
-        footer = align_up(self.footer_bytes + entry_bytes_max(header))
-        return self.used_bytes + header.record_bytes + footer + TRAILER_BYTES <= region_bytes
-
-    def refill(self, epoch: int, now: int, pool: str) -> None:
-        self.epoch, self.last_access, self.pool = epoch, now, pool
-        self.used_bytes = self.footer_bytes = self.live = 0
-        self.sealed = False
-        self.records = []
-        self.prologue, self.started = None, None
-
-
-@dataclass
-class _Run:
-    """Records reserved back to back in one region: one vectored write, led by the region's
-    prologue when it is the region's first."""
-
-    region: _Region
-    offset: int  # on the device, of the records (the prologue lies just before them)
-    headers: list[RecordHeader]
-    prologue: list[memoryview] = field(default_factory=list)
-
-    @property
-    def start(self) -> int:
-        return self.offset - len(self.prologue) * HEADER_BYTES
-
-
-class _Database:
-    def __init__(self, index: int, device: Device, region_bytes: int) -> None:
-        self.index = index
-        self.device = device
-        self.region_bytes = region_bytes
-        count = (device.size_bytes - PAGE_BYTES) // region_bytes
-        self.regions = [_Region(i) for i in range(count)]
-        self.open: dict[str, _Region] = {}  # pool -> its region taking appends
-        self.salt = self._load_or_format_superblock()
-        self.group_sync = GroupSync(device)
-        self.busy = 0  # appends and reads in progress; under the log's lock
-        self.last_io = 0.0  # monotonic time the last of them ended
-        self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
-        self._find_unwritten()
-
-    def _find_unwritten(self) -> None:
-        """Mark the regions that hold blocks never written, as far as the device can tell."""
-        for start, length in unwritten_ranges(self.device):
-            first = max(0, (start - PAGE_BYTES) // self.region_bytes)
-            for region in self.regions[first:]:
-                begin = self.region_offset(region.index)
-                if begin >= start + length:
-                    break
-                if begin + self.region_bytes > start:
-                    region.prepared_bytes = min(region.prepared_bytes, max(0, start - begin))
-
-    def idle(self, idle_s: float) -> bool:
-        """Under the log's lock: no append or read for ``idle_s``."""
-        return not self.busy and time.monotonic() - self.last_io >= idle_s
-
-    def region_offset(self, region: int) -> int:
-        return PAGE_BYTES + region * self.region_bytes
-
-    def location(self, region: _Region, offset: int, header: RecordHeader) -> Location:
-        start = self.region_offset(region.index) + offset
-        return Location(self.index, region.index, region.epoch, start, header.record_bytes)
-
-    def _load_or_format_superblock(self) -> int:
-        page = aligned(PAGE_BYTES)
-        self.device.read([page], 0)
-        found = unpack_superblock(page)
-        if found is not None:
-            if found.region_bytes != self.region_bytes:
-                raise StartupError(
-                    f"database {self.index} was formatted with region_size {found.region_bytes}, "
-                    f"the config says {self.region_bytes}: restore region_size or use a new "
-                    "data dir"
-                )
-            return found.salt
-        if any(page):
-            log.warning(
-                "database %d has no valid superblock but is not empty: formatting it "
-                "(whatever it held is lost)",
-                self.index,
-            )
-        salt = secrets.randbits(64)
-        pack_superblock(Superblock(self.index, self.region_bytes, salt), page)
-        # A new superblock invalidates whatever an earlier format left in the regions.
-        self.device.write([page], 0)
-        for region in self.regions:
-            self.device.write([aligned(PAGE_BYTES)], self.region_offset(region.index))
-        self.device.sync()
-        return salt
 
 
 class RegionLog:
@@ -232,7 +88,7 @@ class RegionLog:
         pools: Pools | None = None,
     ) -> None:
         assert region_bytes % PAGE_BYTES == 0
-        self._databases = [_Database(i, d, region_bytes) for i, d in enumerate(devices)]
+        self._databases = [Database(i, d, region_bytes) for i, d in enumerate(devices)]
         for db in self._databases:
             if len(db.regions) < 2:
                 raise StartupError(
@@ -300,7 +156,7 @@ class RegionLog:
         return locations
 
     def _write_runs(
-        self, db: _Database, runs: list[_Run], payloads: list[memoryview | None]
+        self, db: Database, runs: list[Run], payloads: list[memoryview | None]
     ) -> tuple[list[bool], OSError | None]:
         """Write each run; return which landed, and the first failure. A region's first run
         (the one carrying its prologue) goes first, and a run in a region whose first write is
@@ -321,7 +177,7 @@ class RegionLog:
                 run = runs[i]
                 if not run.prologue and not self._wait_started(run.region):
                     continue  # its region's first write failed: nothing of it may be written
-                packed = _pack(db, run, slices[i]) if failure is None else []
+                packed = pack_run(db, run, slices[i]) if failure is None else []
                 buffers = [*run.prologue, *packed]
                 written = False
                 if buffers:
@@ -341,13 +197,13 @@ class RegionLog:
                     self._mark_started(db, run, False)
         return landed, failure
 
-    def _wait_started(self, region: _Region) -> bool:
+    def _wait_started(self, region: Region) -> bool:
         """Wait until the region's first write is over; whether it landed."""
         with self._lock:
             self._started.wait_for(lambda: region.started is not None)
             return bool(region.started)
 
-    def _mark_started(self, db: _Database, run: _Run, landed: bool) -> None:
+    def _mark_started(self, db: Database, run: Run, landed: bool) -> None:
         """The region's first write is over. If it failed, the filling takes no more appends
         and nothing reserved in it settles as written (a recovery may not know its epoch)."""
         region = run.region
@@ -384,9 +240,9 @@ class RegionLog:
                 db.last_io = time.monotonic()
 
     def _read_records(
-        self, db: _Database, locations: list[Location], payloads: list[memoryview | None]
+        self, db: Database, locations: list[Location], payloads: list[memoryview | None]
     ) -> list[RecordHeader | None]:
-        pages = _header_pages.take(len(locations))
+        pages = header_pages.take(len(locations))
         views = [pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES] for i in range(len(locations))]
         first = 0
         while first < len(locations):
@@ -486,7 +342,7 @@ class RegionLog:
         self._next_epoch = top + 1
         self._clock = itertools.count(top + 1)
 
-    def _recover_region(self, db: _Database, region: _Region) -> list[FooterRow]:
+    def _recover_region(self, db: Database, region: Region) -> list[FooterRow]:
         reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
         first = first_header(reader, db.salt)
         if first is None:
@@ -516,19 +372,17 @@ class RegionLog:
             self._write_footer(db, region)
         return [row_of(offset, header) for offset, header in records]
 
-    def _reserve(
-        self, db: _Database, headers: list[RecordHeader]
-    ) -> tuple[list[_Run], list[_Region]]:
+    def _reserve(self, db: Database, headers: list[RecordHeader]) -> tuple[list[Run], list[Region]]:
         """Room for records, one after another: the runs to write (each contiguous in one
         region, headers stamped with its epoch) and the regions just sealed, whose footers the
         caller writes."""
         for header in headers:
-            if not _Region(0).fits(header, db.region_bytes):
+            if not Region(0).fits(header, db.region_bytes):
                 raise StorageError(
                     f"a record of {header.record_bytes} bytes and its footer entry do not fit "
                     f"a region of {db.region_bytes}: raise `region_size` above `fragment_size`"
                 )
-        runs: list[_Run] = []
+        runs: list[Run] = []
         to_seal = []
         pool = self._pools.of(headers[0].tenant)
         with self._lock:
@@ -544,7 +398,7 @@ class RegionLog:
                     region = db.open[pool] = self._take_region(db, pool)
                 offset = db.region_offset(region.index) + region.used_bytes
                 if not runs or runs[-1].region is not region:
-                    runs.append(_Run(region, offset, []))
+                    runs.append(Run(region, offset, []))
                     if region.prologue is not None:
                         runs[-1].prologue, region.prologue = region.prologue, None
                 runs[-1].headers.append(dataclasses.replace(header, epoch=region.epoch))
@@ -553,7 +407,7 @@ class RegionLog:
                 region.writes_inflight += 1
         return runs, to_seal
 
-    def _settle(self, db: _Database, run: _Run, written: bool) -> list[Location]:
+    def _settle(self, db: Database, run: Run, written: bool) -> list[Location]:
         """A run's writes are over: record them for the footer, seal the region if due. A run
         counts as written only once its region's first write has landed."""
         region = run.region
@@ -575,21 +429,21 @@ class RegionLog:
             self._write_footer(db, region)
         return locations
 
-    def _free_failed(self, region: _Region) -> None:
+    def _free_failed(self, region: Region) -> None:
         """Under the lock: a filling whose first write failed, with nothing in flight, is free
         again; the tombstones it was to carry go to its next filling."""
         carried = [header for _, header in region.records if header.kind == Kind.TOMBSTONE]
         region.refill(0, 0, Pools.SHARED)
         region.started, region.carried = True, carried
 
-    def _ready_to_seal(self, region: _Region) -> bool:
+    def _ready_to_seal(self, region: Region) -> bool:
         """Under the lock: whether the footer is due now; if so the caller writes it."""
         if region.sealed and region.writes_inflight == 0 and region.records:
             region.writes_inflight += 1  # the footer write: no reclaim meanwhile
             return True
         return False
 
-    def _write_footer(self, db: _Database, region: _Region) -> None:
+    def _write_footer(self, db: Database, region: Region) -> None:
         """Write ``region``'s footer and trailer (counted in its writes_inflight)."""
         try:
             with self._lock:
@@ -664,7 +518,7 @@ class RegionLog:
             held.preparing = False
 
     @contextlib.contextmanager
-    def _busy(self, db: _Database) -> Iterator[None]:
+    def _busy(self, db: Database) -> Iterator[None]:
         """An append is in progress on ``db`` (the preparer waits for the disk to be idle)."""
         with self._lock:
             db.busy += 1
@@ -682,7 +536,7 @@ class RegionLog:
                 if region.epoch == location.epoch:
                     region.live += delta
 
-    def _take_region(self, db: _Database, pool: str) -> _Region:
+    def _take_region(self, db: Database, pool: str) -> Region:
         """A region for ``pool`` to open (under the lock): a free one while the pool is below
         its limit, else the best of its own to reclaim (or of a pool over its limit, as a
         lowered quota leaves)."""
@@ -723,7 +577,7 @@ class RegionLog:
         return region
 
     def _prologue(
-        self, db: _Database, region: _Region, carried: list[RecordHeader]
+        self, db: Database, region: Region, carried: list[RecordHeader]
     ) -> list[memoryview]:
         """The first pages of a filling, reserved now and written in front of its first run:
         the start record, which gives its new epoch to any recovery, then the carried
@@ -742,31 +596,3 @@ class RegionLog:
                 region.footer_bytes += entry_bytes_max(record)
             region.used_bytes += HEADER_BYTES
         return pages
-
-
-class _HeaderPages(threading.local):
-    """Each I/O thread's page-aligned buffer for the headers of the records it writes or reads:
-    they are used only inside the thread's own synchronous pwritev/preadv and unpacked before
-    it returns, so one buffer per thread serves every call (an mmap per call cost 10 us)."""
-
-    def __init__(self) -> None:
-        self.buffer = aligned(HEADER_BYTES)
-
-    def take(self, pages: int) -> memoryview:
-        if len(self.buffer) < pages * HEADER_BYTES:
-            self.buffer = aligned(align_up(pages * HEADER_BYTES, 16 * HEADER_BYTES))
-        return self.buffer[: pages * HEADER_BYTES]
-
-
-_header_pages = _HeaderPages()
-
-
-def _pack(db: _Database, run: _Run, payloads: list[memoryview | None]) -> list[memoryview]:
-    """A run's buffers: each record's header page, then its payload (if any)."""
-    pages = _header_pages.take(len(run.headers))
-    buffers = []
-    for i, (header, payload) in enumerate(zip(run.headers, payloads, strict=True)):
-        page = pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES]
-        pack_header(header, page, db.salt)
-        buffers += [page] if payload is None else [page, payload]
-    return buffers

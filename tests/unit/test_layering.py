@@ -42,6 +42,7 @@ LAYERS = [
         "gateway.backends.preparer",
         "gateway.health",
     },
+    {"gateway.backends.regions"},
     {"gateway.backends.regionlog", "gateway.check"},
     {"gateway.index", "gateway.tombstones"},
     {"gateway.store", "gateway.scheduler", "gateway.config"},
