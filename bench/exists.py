@@ -51,7 +51,7 @@ from gateway.ring.queue import (
 )
 from gateway.service import Gateway as GatewayProcess
 from gateway.store import Store
-from lmcache_adp.ioloop import RUN_BYTES_MAX
+from lmcache_adp.lanes import RUN_BYTES_MAX
 from tests.support import Gateway, short_tmpdir, wait_for_future
 
 BATCHES = (1, 1000)
@@ -162,7 +162,7 @@ def _fill(store: Store, keys: list[str], object_bytes: int) -> None:
 
 
 def plugin_runs(keys: list[str]) -> Iterator[list[str]]:
-    """The ring requests the plugin makes of one EXISTS batch (lmcache_adp.ioloop.split)."""
+    """The ring requests the plugin makes of one EXISTS batch (lmcache_adp.lanes.split)."""
     run: list[str] = []
     run_bytes = 0
     for key in keys:

@@ -168,8 +168,8 @@ def run_adp(setup: Setup, shm_name: str | None = None, zero_copy: bool = True) -
 
 
 def zero_copy_ops(gateway_log: str) -> int:
-    """Loads and stores the gateway moved without a copy, from its session summary lines."""
-    return sum(int(n) for n in re.findall(r"(\d+) of the loads and stores zero-copy", gateway_log))
+    """Stores the gateway wrote straight from L1, from its session summary lines."""
+    return sum(int(n) for n in re.findall(r"(\d+) of the stores zero-copy", gateway_log))
 
 
 def start_gateway(gateway: Gateway) -> None:

