@@ -54,10 +54,10 @@ RUN /opt/venv/bin/python -c 'import tomllib; print(*tomllib.load(open("/tmp/proj
  && /opt/venv/bin/pip install --constraint /opt/venv/constraints.txt --requirement /tmp/requirements.txt
 COPY README.md plugin_manifest.yaml /tmp/project/
 COPY lmcache_adp /tmp/project/lmcache_adp
-COPY gateway /tmp/project/gateway
+COPY adp_gateway /tmp/project/adp_gateway
 # setuptools came with torch: no build environment to fetch.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /tmp/project \
- && /opt/venv/bin/python -c 'import gateway, lmcache_adp'
+ && /opt/venv/bin/python -c 'import adp_gateway, lmcache_adp'
 
 FROM ${BASE_IMAGE}
 ARG ADP_UID=10001

@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from adp_gateway.config import GatewayConfig
 from bench import backlog_gateway, backlog_report, gateways, plugin
 from bench.machine import machine
-from gateway.config import GatewayConfig
 from tests.support import Gateway, Process, wait_for_future, wait_until
 
 GiB = 2**30

@@ -19,9 +19,9 @@ import sys
 import threading
 import time
 
-from gateway import service
-from gateway.__main__ import parser, serve_until_stopped
-from gateway.scheduler import SchedulerStatistics
+from adp_gateway import service
+from adp_gateway.__main__ import parser, serve_until_stopped
+from adp_gateway.scheduler import SchedulerStatistics
 
 SAMPLE_INTERVAL_S = 0.05
 SAMPLE = re.compile(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.config import GatewayConfig
+from adp_gateway.config import GatewayConfig
 
 GiB = 2**30
 Load = tuple[float, float]

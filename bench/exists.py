@@ -8,10 +8,10 @@ through the plugin first; then each sample is ``ADPConnector.submit_batch_exists
 until its completion is drained after the plugin's event fd fired (tests.support.wait_for_future,
 as LMCache waits).
 
-Inside the gateway (in this process): the gateway's own Store (gateway.service.Gateway, not
+Inside the gateway (in this process): the gateway's own Store (adp_gateway.service.Gateway, not
 listening) holding ``--index-entries`` objects, and a session's shared memory. A sample is what
-gateway/session.py does for one EXISTS batch: take the submissions from the ring, check each,
-decode its keys (gateway.protocol.decode_keys on the arena's bytes), check the deadline,
+adp_gateway/session.py does for one EXISTS batch: take the submissions from the ring, check each,
+decode its keys (adp_gateway.protocol.decode_keys on the arena's bytes), check the deadline,
 Store.exists, count, write the per-key results into the arena and push the completion and ring
 the completion eventfd. The keys are split into ring requests the way the plugin splits them
 (at most RUN_BYTES_MAX bytes of keys each), so a 1,000-key batch is the requests the gateway
@@ -37,20 +37,20 @@ from typing import Any
 
 import numpy as np
 
-from bench import gateways, plugin
-from bench.stats import summary_us
-from gateway import config as gateway_config
-from gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, decode_keys
-from gateway.protocol import encode_keys as encode_request_keys
-from gateway.ring.layout import Completion, RingLayout, Submission, align_up, create_shared
-from gateway.ring.queue import (
+from adp_gateway import config as gateway_config
+from adp_gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, decode_keys
+from adp_gateway.protocol import encode_keys as encode_request_keys
+from adp_gateway.ring.layout import Completion, RingLayout, Submission, align_up, create_shared
+from adp_gateway.ring.queue import (
     completion_consumer,
     completion_producer,
     submission_consumer,
     submission_producer,
 )
-from gateway.service import Gateway as GatewayProcess
-from gateway.store import Store
+from adp_gateway.service import Gateway as GatewayProcess
+from adp_gateway.store import Store
+from bench import gateways, plugin
+from bench.stats import summary_us
 from lmcache_adp.lanes import RUN_BYTES_MAX
 from tests.support import Gateway, short_tmpdir, wait_for_future
 
@@ -181,7 +181,7 @@ def plugin_runs(keys: list[str]) -> Iterator[list[str]]:
 
 
 def _time_session_path(store: Store, arena_bytes: int, picks: list[list[str]]) -> dict[str, Any]:
-    """Time gateway/session.py's EXISTS sequence (Session.run -> _dispatch -> complete)."""
+    """Time adp_gateway/session.py's EXISTS sequence (Session.run -> _dispatch -> complete)."""
     requests_max = max(len(list(plugin_runs(keys))) for keys in picks)
     layout = RingLayout(max(8, requests_max), arena_bytes, mmap.PAGESIZE)
     memfd, mapping = create_shared(layout)

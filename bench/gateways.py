@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from gateway.config import GatewayConfig
-from gateway.format import HEADER_BYTES
-from gateway.ring.layout import align_up
+from adp_gateway.config import GatewayConfig
+from adp_gateway.format import HEADER_BYTES
+from adp_gateway.ring.layout import align_up
 from tests.support import Gateway, wait_until
 
 START_TIMEOUT_S = 120
@@ -46,11 +46,11 @@ def capacity_for(objects: int, object_bytes: int) -> str:
 def start(gateway: Gateway, module: bool = False) -> str | None:
     """Start ``gateway``; None once it listens, else the error it exited with.
 
-    ``module``: run it as ``python -m gateway serve`` rather than the ``adp-gateway`` script.
+    ``module``: run it as ``python -m adp_gateway serve`` rather than the ``adp-gateway`` script.
     """
     mark = len(gateway.log())
     if module:
-        gateway.spawn([sys.executable, "-m", "gateway", "serve", *gateway.args])
+        gateway.spawn([sys.executable, "-m", "adp_gateway", "serve", *gateway.args])
     else:
         gateway.start(wait=False)
     wait_until(

@@ -46,11 +46,11 @@ from typing import Any
 
 import yaml
 
+from adp_gateway.config import GatewayConfig
 from bench import floor, gateways
 from bench.harness import Load, drop_file_cache, lmcache_bench
 from bench.machine import machine
 from bench.matrix_report import markdown
-from gateway.config import GatewayConfig
 from tests.support import ROOT, Gateway, short_tmpdir
 
 CONTENDERS = ("adp-always", "adp-periodic", "adp-none", "fs-odirect", "fs-buffered")
@@ -113,7 +113,7 @@ def run_adp(
 
 
 def prepared_before(gateway_log: str, started_at: float) -> float:
-    """1.0 when the gateway had written its new database once (gateway/backends/preparer.py)
+    """1.0 when the gateway had written its new database once (adp_gateway/backends/preparer.py)
     before the stores' first round, else 0.0 (it prepares only while the disk is idle)."""
     for line in gateway_log.splitlines():
         if "are prepared" in line:

@@ -7,7 +7,7 @@ For each stop signal, in a fresh data dir on ``--dir``: a gateway is given ``--o
 objects through the plugin (batches of 1,000 keys, 4 batches in flight; ``sync: none`` unless
 ``--populate-sync always``, which only slows the filling: a killed process loses no write the
 disk already took), then stopped with SIGTERM (a clean stop) or SIGKILL (a crash). The clock
-starts when ``python -m gateway serve`` is launched again on the same data; a plugin that was
+starts when ``python -m adp_gateway serve`` is launched again on the same data; a plugin that was
 connected all along (reconnecting every 20 ms) asks EXISTS of 16 known keys, spread over the
 whole population, every 5 ms until every one answers True. Also recorded: the gateway's own log
 line "recovered N objects ... in X s", when it logged "listening on" (from its log's
@@ -85,7 +85,7 @@ def measure(
         mark = len(gateway.log())
         launched_wall = time.time()
         launched = time.perf_counter()
-        gateway.spawn([sys.executable, "-m", "gateway", "serve", *gateway.args])
+        gateway.spawn([sys.executable, "-m", "adp_gateway", "serve", *gateway.args])
         polls = 0
         while True:
             polls += 1

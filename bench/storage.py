@@ -15,7 +15,7 @@ Sections (``--sections``, all by default), each also runnable alone:
   a gateway holding ``--exists-objects`` objects, and inside the gateway (its own code path, in
   process) over a store of ``--index-entries`` objects.
 - ``restart`` (bench/restart.py): ``--restart-objects`` objects, stopped by SIGTERM and by
-  SIGKILL, then the time from launching ``python -m gateway serve`` to the first EXISTS hit.
+  SIGKILL, then the time from launching ``python -m adp_gateway serve`` to the first EXISTS hit.
 
 The full run writes bench/results/storage.json and storage.md; ``--quick`` (small sizes and
 counts, each overridable) writes storage-quick.json and storage-quick.md, so a smoke run never

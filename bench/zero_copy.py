@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from adp_gateway.ring.layout import align_up
 from bench import gateways
 from bench.plugin import connect, object_keys, wait_connected
-from gateway.ring.layout import align_up
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, remove_tree
 

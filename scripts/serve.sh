@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 ADP_EXTRAS=${ADP_EXTRAS:-serve} source "$ROOT/scripts/setup-env.sh"
-[ -n "$SOCKET" ] || SOCKET=$(python -c 'from gateway.protocol import default_socket_path as d; print(d())')
+[ -n "$SOCKET" ] || SOCKET=$(python -c 'from adp_gateway.protocol import default_socket_path as d; print(d())')
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/adp-serve.XXXXXX")
 
 keep() {  # show and keep a log; Ctrl-C must not end it before the processes' last lines

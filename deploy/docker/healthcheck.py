@@ -21,8 +21,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from gateway.errors import GatewayError
-from gateway.status import ask
+from adp_gateway.errors import GatewayError
+from adp_gateway.status import ask
 
 HTTP_TIMEOUT_S = 5.0
 

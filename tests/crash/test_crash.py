@@ -54,9 +54,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway import fragmenter
-from gateway.format import key_hash
-from gateway.ring.layout import align_up
+from adp_gateway import fragmenter
+from adp_gateway.format import key_hash
+from adp_gateway.ring.layout import align_up
 from lmcache_adp import ADPConnector
 from tests.crash.model import (
     ABSENT,
@@ -85,7 +85,7 @@ KEYS = 200
 DATABASES = 2
 REGION_BYTES = 2**20
 # A region's room not used for records, at most: less than one record when it is sealed, plus
-# record headers, its footer and trailer (gateway/footer.py), with a margin.
+# record headers, its footer and trailer (adp_gateway/footer.py), with a margin.
 REGION_OVERHEAD_BYTES = 64 * 2**10
 GATEWAY_YAML = f"""\
 databases_per_dir: {DATABASES}
@@ -290,7 +290,7 @@ class Harness:
     def _budget(self) -> int:
         """Bytes the next driver may append without any eviction; -1 when eviction is fine.
 
-        Per database (the gateway's own placement, gateway/fragmenter.py): a region is sealed
+        Per database (the gateway's own placement, adp_gateway/fragmenter.py): a region is sealed
         with less than one record and its overhead free, and every restart leaves each
         database's open region behind. The driver counts what it appends over all databases,
         so it stays within the room of the fullest one. The DEBUG log of reclaimed regions

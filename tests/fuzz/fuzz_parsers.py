@@ -47,14 +47,14 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from gateway import footer as footer_module
-from gateway import format as record_format
-from gateway import fragmenter, protocol
-from gateway.backends import regionscan
-from gateway.backends.memory import MemoryDevice
-from gateway.backends.regionlog import RegionLog
-from gateway.errors import HandshakeRefused, ProtocolError
-from gateway.footer import (
+from adp_gateway import footer as footer_module
+from adp_gateway import format as record_format
+from adp_gateway import fragmenter, protocol
+from adp_gateway.backends import regionscan
+from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.backends.regionlog import RegionLog
+from adp_gateway.errors import HandshakeRefused, ProtocolError
+from adp_gateway.footer import (
     ROW_FIELDS,
     TRAILER_BYTES,
     TRAILER_MAGIC,
@@ -62,7 +62,7 @@ from gateway.footer import (
     pack_footer,
     pack_trailer,
 )
-from gateway.format import (
+from adp_gateway.format import (
     HEADER_BYTES,
     NAME_BYTES_MAX,
     RECORD_MAGIC,
@@ -76,9 +76,9 @@ from gateway.format import (
     pack_superblock,
     unpack_header,
 )
-from gateway.index import Manifest
-from gateway.metrics import Metrics
-from gateway.protocol import (
+from adp_gateway.index import Manifest
+from adp_gateway.metrics import Metrics
+from adp_gateway.protocol import (
     FRAME_BYTES_MAX,
     KEY_BYTES_MAX,
     KEYS_PER_REQUEST_MAX,
@@ -90,8 +90,8 @@ from gateway.protocol import (
     Welcome,
     encode_keys,
 )
-from gateway.ring import queue as ring_queue
-from gateway.ring.layout import (
+from adp_gateway.ring import queue as ring_queue
+from adp_gateway.ring.layout import (
     COMPLETION,
     CQ_HEAD,
     CQ_TAIL,
@@ -105,15 +105,15 @@ from gateway.ring.layout import (
     align_up,
     map_shared,
 )
-from gateway.scheduler import Scheduler
-from gateway.session import Session
-from gateway.store import Store
+from adp_gateway.scheduler import Scheduler
+from adp_gateway.session import Session
+from adp_gateway.store import Store
 
 U8, U16, U32, U64 = 2**8 - 1, 2**16 - 1, 2**32 - 1, 2**64 - 1
 SOCKET_TIMEOUT_S = 2.0  # the peer has closed its end: a read that waits this long is a hang
 T = TypeVar("T")
 
-# The fixed fields of the on-disk structures, as gateway/format.py and footer.py pack them.
+# The fixed fields of the on-disk structures, as adp_gateway/format.py and footer.py pack them.
 HEADER_FIELDS = record_format._FIXED
 SUPERBLOCK_FIELDS = record_format._SUPERBLOCK
 TRAILER_FIELDS = footer_module._TRAILER
@@ -1665,7 +1665,7 @@ def instrument(atheris: Any) -> None:
     for obj in gc.get_objects():
         if isinstance(obj, types.FunctionType):
             module = obj.__module__ or ""
-            if module.split(".")[0] in ("gateway", "__main__") or module == __name__:
+            if module.split(".")[0] in ("adp_gateway", "__main__") or module == __name__:
                 atheris.instrument_func(obj)
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.protocol import Hello, hello_body, send_frame
-from gateway.service import HANDSHAKES_MAX
+from adp_gateway.protocol import Hello, hello_body, send_frame
+from adp_gateway.service import HANDSHAKES_MAX
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
 from tests.unit.test_connector import connected

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.status import ask
+from adp_gateway.status import ask
 from tests.support import Gateway, LMCacheServer, wait_until
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.metrics import Metrics, MetricsServer
+from adp_gateway.metrics import Metrics, MetricsServer
 from tests.integration.test_mp_server import store_then_load_from_l2
 from tests.support import BIN, Gateway, LMCacheServer, free_port, wait_until
 

@@ -172,7 +172,7 @@ def test_a_client_not_admitted_is_refused_with_a_clear_line_on_both_sides(
 
 
 def test_a_wrong_token_file_stops_the_plugin_at_once(tmp_path: Path) -> None:
-    from gateway.errors import ConfigError
+    from adp_gateway.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cannot read token file"):
         ADPConnector(tenant="bob", token_file=str(tmp_path / "missing"))

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any
 
-from gateway import session, store
-from gateway.__main__ import main
+from adp_gateway import session, store
+from adp_gateway.__main__ import main
 
 LEAK_PER_STORE_BYTES = 64 * 2**10
 _kept: list[object] = []

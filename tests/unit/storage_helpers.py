@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.backends.base import Device
-from gateway.backends.filedevice import FileDevice
-from gateway.backends.memory import MemoryDevice
-from gateway.backends.regionlog import Pools, RegionLog
-from gateway.ring.layout import align_up
-from gateway.store import Store
+from adp_gateway.backends.base import Device
+from adp_gateway.backends.filedevice import FileDevice
+from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.backends.regionlog import Pools, RegionLog
+from adp_gateway.ring.layout import align_up
+from adp_gateway.store import Store
 
 REGION = 256 * 2**10
 FRAGMENT = 64 * 2**10

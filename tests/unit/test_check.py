@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.__main__ import main
+from adp_gateway.__main__ import main
 from tests.unit.storage_helpers import extent, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * 256 * 2**10

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.errors import ConfigError
+from adp_gateway.errors import ConfigError
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
 

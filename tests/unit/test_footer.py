@@ -8,12 +8,19 @@ from typing import Any
 import msgpack
 import pytest
 
-from gateway.backends.memory import MemoryDevice
-from gateway.backends.regionlog import RegionLog
-from gateway.backends.regionscan import RegionReader, first_header
-from gateway.checksum import checksum
-from gateway.footer import TRAILER_BYTES, Trailer, pack_footer, pack_trailer, row_of, unpack_footer
-from gateway.format import Kind, RecordHeader, unpack_superblock
+from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.backends.regionlog import RegionLog
+from adp_gateway.backends.regionscan import RegionReader, first_header
+from adp_gateway.checksum import checksum
+from adp_gateway.footer import (
+    TRAILER_BYTES,
+    Trailer,
+    pack_footer,
+    pack_trailer,
+    row_of,
+    unpack_footer,
+)
+from adp_gateway.format import Kind, RecordHeader, unpack_superblock
 from tests.unit.storage_helpers import REGION, extent, payload
 
 SEED = 0x5EED

@@ -6,7 +6,7 @@ import mmap
 
 import pytest
 
-from gateway.format import (
+from adp_gateway.format import (
     HEADER_BYTES,
     Kind,
     RecordHeader,

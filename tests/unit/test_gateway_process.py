@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.protocol import Hello, hello_body, parse_welcome, recv_frame, send_frame
-from gateway.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
+from adp_gateway.protocol import Hello, hello_body, parse_welcome, recv_frame, send_frame
+from adp_gateway.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, wait_for_future, wait_until
 from tests.unit.test_connector import connected, objects, views
@@ -173,7 +173,7 @@ def test_refused_handshake_reaches_the_client_as_a_clear_error(gateway: Gateway)
 
 def test_module_entry_point_prints_help() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway", "--help"], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "adp_gateway", "--help"], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 0 and "serve" in result.stdout
 

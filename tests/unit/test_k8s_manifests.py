@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import lmcache_adp.config
-from gateway import config as gateway_config
+from adp_gateway import config as gateway_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))

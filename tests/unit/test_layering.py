@@ -8,47 +8,47 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_MAY_USE = {
-    "gateway.checksum",  # zero-copy ops exchange payload checksums
-    "gateway.fragmenter",  # ... one per fragment, split as the gateway splits
-    "gateway.protocol",
-    "gateway.ring.layout",
-    "gateway.ring.queue",
-    "gateway.errors",
-    "gateway.fields",
-    "gateway.units",
-    "gateway.tenants",  # the token file format
+    "adp_gateway.checksum",  # zero-copy ops exchange payload checksums
+    "adp_gateway.fragmenter",  # ... one per fragment, split as the gateway splits
+    "adp_gateway.protocol",
+    "adp_gateway.ring.layout",
+    "adp_gateway.ring.queue",
+    "adp_gateway.errors",
+    "adp_gateway.fields",
+    "adp_gateway.units",
+    "adp_gateway.tenants",  # the token file format
 }
 # A module may import only modules of a strictly lower layer.
 LAYERS = [
-    {"gateway.errors", "gateway.checksum"},
-    {"gateway.units"},
-    {"gateway.fields", "gateway.ring.layout"},
-    {"gateway.ring.queue", "gateway.protocol", "gateway.format", "gateway.l1"},
+    {"adp_gateway.errors", "adp_gateway.checksum"},
+    {"adp_gateway.units"},
+    {"adp_gateway.fields", "adp_gateway.ring.layout"},
+    {"adp_gateway.ring.queue", "adp_gateway.protocol", "adp_gateway.format", "adp_gateway.l1"},
     {
-        "gateway.footer",
-        "gateway.fragmenter",
-        "gateway.metrics",
-        "gateway.status",
-        "gateway.verify",
-        "gateway.tenants",
-        "gateway.backends.base",
-        "gateway.backends.memory",
-        "gateway.backends.filedevice",
+        "adp_gateway.footer",
+        "adp_gateway.fragmenter",
+        "adp_gateway.metrics",
+        "adp_gateway.status",
+        "adp_gateway.verify",
+        "adp_gateway.tenants",
+        "adp_gateway.backends.base",
+        "adp_gateway.backends.memory",
+        "adp_gateway.backends.filedevice",
     },
     {
-        "gateway.backends.groupsync",
-        "gateway.backends.regionscan",
-        "gateway.backends.faulty",
-        "gateway.backends.preparer",
-        "gateway.health",
+        "adp_gateway.backends.groupsync",
+        "adp_gateway.backends.regionscan",
+        "adp_gateway.backends.faulty",
+        "adp_gateway.backends.preparer",
+        "adp_gateway.health",
     },
-    {"gateway.backends.regions"},
-    {"gateway.backends.regionlog", "gateway.check"},
-    {"gateway.index", "gateway.tombstones"},
-    {"gateway.store", "gateway.scheduler", "gateway.config"},
-    {"gateway.session"},
-    {"gateway.service"},
-    {"gateway.__main__"},
+    {"adp_gateway.backends.regions"},
+    {"adp_gateway.backends.regionlog", "adp_gateway.check"},
+    {"adp_gateway.index", "adp_gateway.tombstones"},
+    {"adp_gateway.store", "adp_gateway.scheduler", "adp_gateway.config"},
+    {"adp_gateway.session"},
+    {"adp_gateway.service"},
+    {"adp_gateway.__main__"},
 ]
 
 
@@ -61,7 +61,7 @@ def imports_of(path: Path) -> set[str]:
             names.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-    return {n for n in names if n.split(".")[0] in ("gateway", "lmcache_adp")}
+    return {n for n in names if n.split(".")[0] in ("adp_gateway", "lmcache_adp")}
 
 
 def module_name(path: Path) -> str:
@@ -69,7 +69,7 @@ def module_name(path: Path) -> str:
 
 
 def known(names: set[str]) -> set[str]:
-    modules = {module_name(p) for p in ROOT.glob("gateway/**/*.py")}
+    modules = {module_name(p) for p in ROOT.glob("adp_gateway/**/*.py")}
     return {n for n in names if n in modules}
 
 
@@ -81,12 +81,20 @@ def test_plugin_imports_only_the_wire_modules_of_the_gateway() -> None:
 
 def test_gateway_layers_import_downward_only() -> None:
     level = {name: i for i, layer in enumerate(LAYERS) for name in layer}
-    for path in ROOT.glob("gateway/**/*.py"):
+    for path in ROOT.glob("adp_gateway/**/*.py"):
         name = module_name(path)
-        if name.endswith("__init__") or name in ("gateway", "gateway.ring", "gateway.backends"):
+        if name.endswith("__init__") or name in (
+            "adp_gateway",
+            "adp_gateway.ring",
+            "adp_gateway.backends",
+        ):
             continue
         assert name in level, f"{name} is missing from LAYERS"
-        for used in known(imports_of(path)) - {"gateway", "gateway.ring", "gateway.backends"}:
+        for used in known(imports_of(path)) - {
+            "adp_gateway",
+            "adp_gateway.ring",
+            "adp_gateway.backends",
+        }:
             assert level[used] < level[name], (
                 f"{name} (layer {level[name]}) imports {used} (layer {level[used]})"
             )

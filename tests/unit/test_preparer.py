@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends.faulty import FaultyDevice
-from gateway.backends.filedevice import FileDevice
-from gateway.backends.memory import MemoryDevice
-from gateway.backends.regionlog import RegionLog
-from gateway.errors import StorageError
-from gateway.format import Kind, RecordHeader
+from adp_gateway.backends.faulty import FaultyDevice
+from adp_gateway.backends.filedevice import FileDevice
+from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.backends.regionlog import RegionLog
+from adp_gateway.errors import StorageError
+from adp_gateway.format import Kind, RecordHeader
 from tests.support import wait_until
 from tests.unit.storage_helpers import REGION, extent, payload
 

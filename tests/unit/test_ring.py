@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gateway.errors import ProtocolError
-from gateway.ring.layout import (
+from adp_gateway.errors import ProtocolError
+from adp_gateway.ring.layout import (
     PAGE_BYTES,
     SQ_HEAD,
     SQ_TAIL,
@@ -21,7 +21,7 @@ from gateway.ring.layout import (
     create_shared,
     map_shared,
 )
-from gateway.ring.queue import (
+from adp_gateway.ring.queue import (
     completion_consumer,
     completion_producer,
     submission_consumer,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gateway.scheduler import Priority, Scheduler, Task
+from adp_gateway.scheduler import Priority, Scheduler, Task
 from tests.support import wait_until
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway import config as gateway_config
-from gateway import fields
-from gateway.config import GatewayConfig
-from gateway.errors import ConfigError, StartupError
-from gateway.units import parse_size
+from adp_gateway import config as gateway_config
+from adp_gateway import fields
+from adp_gateway.config import GatewayConfig
+from adp_gateway.errors import ConfigError, StartupError
+from adp_gateway.units import parse_size
 from lmcache_adp.config import ADPParams, parse
 
 ROOT = Path(__file__).resolve().parents[2]

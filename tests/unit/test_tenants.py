@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config as gateway_config
-from gateway.backends.filedevice import FileDevice
-from gateway.backends.regionlog import Pools
-from gateway.errors import ConfigError
-from gateway.protocol import Hello
-from gateway.store import Store
-from gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
+from adp_gateway import config as gateway_config
+from adp_gateway.backends.filedevice import FileDevice
+from adp_gateway.backends.regionlog import Pools
+from adp_gateway.errors import ConfigError
+from adp_gateway.protocol import Hello
+from adp_gateway.store import Store
+from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from tests.unit.storage_helpers import REGION, extent, open_store, payload
 
 ROOT_PEER = Peer(100, 0, 0)

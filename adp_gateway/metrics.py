@@ -1,0 +1,263 @@
+"""The gateway's Prometheus metrics, and its ``/healthz`` and ``/readyz``, on one HTTP port.
+
+Off by default; ``metrics_address: 127.0.0.1:9464`` in the config (or ``--metrics-address``)
+serves them. Names follow Prometheus' conventions (units last, ``_total`` for counters):
+
+- ``adp_gateway_keys_total{op,outcome,tenant}``: keys of client ops. ``op`` is ``lookup``,
+  ``load``, ``store`` or ``delete``; ``outcome`` is ``hit`` or ``miss`` (lookups, loads,
+  deletes), ``ok`` (stores), ``failed``, ``refused`` (admission control) or ``expired`` (its
+  deadline passed before it could start). They count what LMCache counts: a lookup's keys,
+  a load's chunks, a store's chunks.
+- ``adp_gateway_ops_total{op,outcome,tenant}``: the same for ring requests (a lookup of many
+  keys is one or a few requests).
+- ``adp_gateway_read_bytes_total{tenant}``, ``adp_gateway_written_bytes_total{tenant}``: object
+  bytes loaded (hits) and stored (acknowledged).
+- ``adp_gateway_op_duration_seconds{op}``: from a request's arrival to its completion.
+- ``adp_gateway_queued_ops{queue}``, ``adp_gateway_store_backlog_bytes``: the scheduler's queues.
+- ``adp_gateway_sessions{tenant}``, ``adp_gateway_sessions_opened_total``.
+- ``adp_gateway_objects``, ``adp_gateway_capacity_bytes``, ``adp_gateway_used_bytes``,
+  ``adp_gateway_tenant_pool_bytes{tenant}`` / ``..._limit_bytes{tenant}`` (quota pools),
+  ``adp_gateway_evicted_regions_total``, ``adp_gateway_device_errors_total{database}``.
+- ``adp_gateway_recovery_seconds``: how long the last start-up took to rebuild the index.
+
+``/healthz`` answers 200 while the process runs and its housekeeping thread (which expires
+queued ops every 100 ms) keeps ticking, 503 once that thread has been stuck for 10 s (a
+liveness probe then restarts it); ``/readyz`` 200 once the index is recovered and the socket
+listens, 503 before and while stopping.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from adp_gateway.errors import ConfigError
+from adp_gateway.protocol import Op, Status
+
+log = logging.getLogger(__name__)
+OP_NAMES = {Op.EXISTS: "lookup", Op.GET: "load", Op.SET: "store", Op.DELETE: "delete"}
+OUTCOMES = {
+    Status.FAILED: "failed",
+    Status.REJECTED: "refused",
+    Status.EXPIRED: "expired",
+    Status.MISS: "miss",
+}
+_DURATION_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                       0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+
+
+class Metrics:
+    """Everything the gateway counts; sessions report into it, the HTTP endpoint reads it."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["op", "outcome", "tenant"]
+        self.keys = Counter(
+            "adp_gateway_keys", "Keys of client ops", labels, registry=self.registry
+        )
+        self.ops = Counter("adp_gateway_ops", "Ring requests", labels, registry=self.registry)
+        self.read_bytes = Counter(
+            "adp_gateway_read_bytes", "Object bytes loaded", ["tenant"], registry=self.registry
+        )
+        self.written_bytes = Counter(
+            "adp_gateway_written_bytes", "Object bytes stored", ["tenant"], registry=self.registry
+        )
+        self.op_duration = Histogram(
+            "adp_gateway_op_duration_seconds",
+            "From a request's arrival to its completion",
+            ["op"],
+            buckets=_DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.sessions_opened = Counter(
+            "adp_gateway_sessions_opened", "Sessions begun", registry=self.registry
+        )
+        self.recovery_seconds = Gauge(
+            "adp_gateway_recovery_seconds", "Index rebuild at start-up", registry=self.registry
+        )
+        # Plain running totals (keys per op, bytes), for the last minute's rates in `status`.
+        self.totals: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def completed(
+        self, op: Op, tenant: str, status: Status, keys: int, hits: int, seconds: float
+    ) -> None:
+        """One ring request done: ``hits`` of its ``keys`` found (lookups and deletes; a load
+        or store is one key, a hit or stored when ``status`` is OK)."""
+        name = OP_NAMES[op]
+        if status == Status.OK:
+            found = "ok" if op == Op.SET else "hit"
+            self.keys.labels(name, found, tenant).inc(hits)
+            if keys > hits:
+                self.keys.labels(name, "miss", tenant).inc(keys - hits)
+            outcome = found if hits else "miss"
+        else:
+            outcome = OUTCOMES.get(status, "failed")
+            self.keys.labels(name, outcome, tenant).inc(keys)
+        self.ops.labels(name, outcome, tenant).inc()
+        self.op_duration.labels(name).observe(seconds)
+        with self._lock:
+            self.totals[f"{name}_keys"] += keys
+
+    def moved(self, direction: str, tenant: str, nbytes: int) -> None:
+        """Object bytes ``read`` (a load hit) or ``written`` (a store)."""
+        counter = self.read_bytes if direction == "read" else self.written_bytes
+        counter.labels(tenant).inc(nbytes)
+        with self._lock:
+            self.totals[f"{direction}_bytes"] += nbytes
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.totals)
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+
+class Rates:
+    """Per-second rates of the running totals over about the last minute, from snapshots
+    taken every few seconds (``sample``)."""
+
+    def __init__(self, metrics: Metrics, window_s: float = 60.0) -> None:
+        self._metrics = metrics
+        self._window_s = window_s
+        self._samples: collections.deque[tuple[float, dict[str, int]]] = collections.deque()
+
+    def sample(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._samples.append((now, self._metrics.snapshot()))
+        while len(self._samples) > 1 and self._samples[1][0] <= now - self._window_s:
+            self._samples.popleft()
+
+    def per_second(self) -> dict[str, float]:
+        if not self._samples:
+            return {}
+        started, then = self._samples[0]
+        now, current = time.monotonic(), self._metrics.snapshot()
+        seconds = max(now - started, 1e-9)
+        return {k: round((v - then.get(k, 0)) / seconds, 3) for k, v in sorted(current.items())}
+
+
+class LiveState(Collector):
+    """Gauges read from the gateway when scraped: sessions, queues, capacity, devices."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._read()
+        sessions = GaugeMetricFamily("adp_gateway_sessions", "Clients connected", labels=["tenant"])
+        for tenant, count in state["sessions"].items():
+            sessions.add_metric([tenant], count)
+        yield sessions
+        queued = GaugeMetricFamily("adp_gateway_queued_ops", "Ops queued", labels=["queue"])
+        for queue, count in state["queued"].items():
+            queued.add_metric([queue], count)
+        yield queued
+        yield _gauge("adp_gateway_store_backlog_bytes", "Bytes of stores queued", state)
+        yield _gauge("adp_gateway_objects", "Objects stored", state)
+        yield _gauge("adp_gateway_capacity_bytes", "Bytes the databases can hold", state)
+        yield _gauge("adp_gateway_used_bytes", "Bytes of regions in use", state)
+        pools = GaugeMetricFamily(
+            "adp_gateway_tenant_pool_bytes",
+            "Bytes of regions held by a quota pool",
+            labels=["tenant"],
+        )
+        limits = GaugeMetricFamily(
+            "adp_gateway_tenant_pool_limit_bytes",
+            "The most a quota pool may hold",
+            labels=["tenant"],
+        )
+        for tenant, (held, limit) in state["pools"].items():
+            pools.add_metric([tenant], held)
+            limits.add_metric([tenant], limit)
+        yield pools
+        yield limits
+        evicted = CounterMetricFamily(
+            "adp_gateway_evicted_regions", "Regions reclaimed to make room"
+        )
+        evicted.add_metric([], state["evicted_regions"])
+        yield evicted
+        errors = CounterMetricFamily(
+            "adp_gateway_device_errors", "Failed reads and writes", labels=["database"]
+        )
+        for database, count in state["device_errors"].items():
+            errors.add_metric([str(database)], count)
+        yield errors
+
+
+def _gauge(name: str, documentation: str, state: dict[str, Any]) -> GaugeMetricFamily:
+    key = name.removeprefix("adp_gateway_")
+    return GaugeMetricFamily(name, documentation, value=state[key])
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9464`` for IPv6) -> (host, port), or ConfigError."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"metrics_address: {address!r} is not HOST:PORT, such as 127.0.0.1:9464")
+    return host.strip("[]"), int(port)
+
+
+class MetricsServer:
+    """The HTTP endpoint: /metrics, /healthz, /readyz, in a thread of its own."""
+
+    def __init__(
+        self,
+        address: str,
+        metrics: Metrics,
+        ready: Callable[[], bool],
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        host, port = parse_address(address)
+        metrics_app = make_wsgi_app(metrics.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/healthz":
+                living = alive()
+                start_response("200 OK" if living else "503 Service Unavailable", [])
+                return [b"alive\n" if living else b"stuck: its housekeeping thread stopped\n"]
+            if path == "/readyz":
+                serving = ready()
+                start_response("200 OK" if serving else "503 Service Unavailable", [])
+                return [b"ready\n" if serving else b"recovering or stopping\n"]
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+        try:
+            self._server = make_server(host, port, app, _Server, _QuietHandler)
+        except OSError as exc:
+            raise ConfigError(
+                f"metrics_address: cannot listen on {address}: {exc.strerror}; choose another"
+            ) from exc
+        self.port = self._server.server_port
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics", *self._server.server_address[:2])
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

@@ -1,0 +1,236 @@
+"""The plugin <-> gateway wire protocol: handshake frames, op codes, statuses and request payloads.
+
+The handshake runs over the gateway's Unix socket as length-prefixed msgpack maps. The gateway
+answers a ``Hello`` with a ``Welcome`` and three fds by SCM_RIGHTS: the memfd holding the rings,
+arenas and transfer window (adp_gateway/ring/layout.py), the client's submit doorbell and its
+completion doorbell (eventfds). A client whose L1 lies in a shared-memory segment sends that
+segment's fd with its hello (``l1_bytes`` says its size); ``Welcome.l1_attached`` says whether the
+gateway took it for zero-copy ops. After that the socket carries nothing; it stays open so each
+side sees the other die (EOF).
+
+Everything here parses untrusted bytes: any malformed input raises ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from adp_gateway.errors import HandshakeRefused, ProtocolError
+from adp_gateway.ring.layout import align_up
+
+PROTOCOL_VERSION = 3
+FRAME_BYTES_MAX = 64 * 1024
+KEY_BYTES_MAX = 1024
+TENANT_BYTES_MAX = 64
+KEYS_PER_REQUEST_MAX = 4096
+_FRAME_HEADER = struct.Struct("<I")
+CHECKSUM_BYTES = 8  # one payload checksum per fragment, in a zero-copy op's arena
+
+
+def default_socket_path() -> str:
+    """Where the gateway listens, and the plugin looks, unless told otherwise: in a directory
+    only the gateway's user can write, so no other local user can stand in for it.
+
+    ``/run/lmcache-adp/gateway.sock`` for root; for another user
+    ``$XDG_RUNTIME_DIR/lmcache-adp/gateway.sock``, or ``/tmp/lmcache-adp-UID/gateway.sock`` where
+    the session has no runtime directory. The gateway creates the directory (mode 0750) and
+    refuses one that another user owns or can write.
+    """
+    uid = os.geteuid()
+    if uid == 0:
+        return "/run/lmcache-adp/gateway.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "lmcache-adp", "gateway.sock")
+    return f"/tmp/lmcache-adp-{uid}/gateway.sock"
+
+
+class Op(IntEnum):
+    GET = 1
+    SET = 2
+    EXISTS = 3
+    DELETE = 4
+
+
+class Status(IntEnum):
+    OK = 0  # done; for EXISTS/DELETE the per-key result bytes are in the slot's arena
+    MISS = 1  # GET: not stored (or failed verification, which is logged)
+    FAILED = 2  # an I/O or internal error; logged by the gateway
+    EXPIRED = 3  # the op's deadline passed before it could start
+    REJECTED = 4  # shed by admission control (store backlog over its bound)
+
+
+@dataclass(frozen=True)
+class Hello:
+    tenant: str
+    token: str | None = None
+    client: str = ""
+    protocol: int = PROTOCOL_VERSION
+    l1_bytes: int = 0  # the size of the L1 segment whose fd comes with the hello; 0: none
+
+
+@dataclass(frozen=True)
+class Welcome:
+    session_id: int
+    slots: int
+    arena_bytes: int
+    window_bytes: int
+    object_bytes_max: int
+    fragment_bytes: int = 0  # zero-copy stores carry one checksum per fragment of this size
+    l1_attached: int = 0  # 1 when the gateway mapped the client's L1 segment
+
+
+def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = msgpack.packb(body, use_bin_type=True)
+    frame = _FRAME_HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame], fds)
+    else:
+        sock.sendall(frame)
+
+
+def recv_frame(sock: socket.socket, fds_max: int = 0) -> tuple[dict[str, Any], list[int]]:
+    """Read one frame (and up to ``fds_max`` fds sent with its first bytes). A frame that is
+    refused raises ``ProtocolError`` with the fds that came with it closed."""
+    fds: list[int] = []
+    try:
+        (length,) = _FRAME_HEADER.unpack(_recv_exact(sock, _FRAME_HEADER.size, fds_max, fds))
+        if length > FRAME_BYTES_MAX:
+            raise ProtocolError(f"handshake frame of {length} bytes exceeds {FRAME_BYTES_MAX}")
+        body = _recv_exact(sock, length, 0, fds)
+        try:
+            value = msgpack.unpackb(body, raw=False, max_str_len=FRAME_BYTES_MAX)
+        except Exception as exc:
+            raise ProtocolError(f"handshake frame is not valid msgpack: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ProtocolError("handshake frame is not a map")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return value, fds
+
+
+def _recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) -> bytes:
+    """``size`` bytes; fds sent with them (up to ``fds_max``) are appended to ``fds``."""
+    chunks: list[bytes] = []
+    received = 0
+    while received < size:
+        if fds_max and not fds:
+            data, new_fds, _, _ = socket.recv_fds(sock, size - received, fds_max)
+            fds.extend(new_fds)
+        else:
+            data = sock.recv(size - received)
+        if not data:
+            raise ProtocolError("peer closed the socket during the handshake")
+        chunks.append(data)
+        received += len(data)
+    return b"".join(chunks)
+
+
+def status_request() -> dict[str, Any]:
+    """The frame ``adp-gateway status`` sends instead of a hello; the gateway answers with
+    ``{"ok": true, "status": {...}}`` (or a refusal) and closes."""
+    return {"protocol": PROTOCOL_VERSION, "request": "status"}
+
+
+def is_status_request(body: dict[str, Any]) -> bool:
+    return body.get("request") == "status" and body.get("protocol") == PROTOCOL_VERSION
+
+
+def parse_hello(body: dict[str, Any]) -> Hello:
+    protocol = body.get("protocol")
+    if type(protocol) is not int or protocol != PROTOCOL_VERSION:  # not True, not 1.0
+        raise ProtocolError(
+            f"client speaks protocol {protocol!r}, this gateway speaks {PROTOCOL_VERSION}: "
+            "install matching lmcache-adp versions on both sides"
+        )
+    tenant = body.get("tenant")
+    token = body.get("token")
+    client = body.get("client", "")
+    if not isinstance(tenant, str) or not 0 < len(tenant.encode()) <= TENANT_BYTES_MAX:
+        raise ProtocolError(f"tenant must be a string of 1..{TENANT_BYTES_MAX} bytes")
+    if token is not None and not isinstance(token, str):
+        raise ProtocolError("token must be a string")
+    if not isinstance(client, str):
+        raise ProtocolError("client must be a string")
+    l1_bytes = body.get("l1_bytes", 0)
+    if type(l1_bytes) is not int or l1_bytes < 0:
+        raise ProtocolError("l1_bytes must be an integer >= 0")
+    return Hello(tenant=tenant, token=token, client=client[:256], l1_bytes=l1_bytes)
+
+
+def hello_body(hello: Hello) -> dict[str, Any]:
+    return {
+        "protocol": hello.protocol,
+        "tenant": hello.tenant,
+        "token": hello.token,
+        "client": hello.client,
+        "l1_bytes": hello.l1_bytes,
+    }
+
+
+def welcome_body(welcome: Welcome) -> dict[str, Any]:
+    return {"ok": True, **dataclasses.asdict(welcome)}
+
+
+def parse_welcome(body: dict[str, Any]) -> Welcome:
+    if body.get("ok") is not True:
+        raise HandshakeRefused(str(body.get("error", "the gateway refused the handshake")))
+    values: dict[str, int] = {}
+    for name in Welcome.__dataclass_fields__:
+        value = body.get(name)
+        if type(value) is not int or value < 0:  # not a bool, a float or a string of digits
+            raise ProtocolError(
+                f"malformed welcome from the gateway: {name} is {value!r}, not an integer >= 0: "
+                "install matching lmcache-adp versions on both sides"
+            )
+        values[name] = value
+    return Welcome(**values)
+
+
+def checksums_at(keys_bytes: int) -> int:
+    """Where a zero-copy store's payload checksums start in its slot's arena: after its keys,
+    on an 8-byte boundary. A zero-copy load's answer puts them at the arena's start."""
+    return align_up(keys_bytes, CHECKSUM_BYTES)
+
+
+def pack_checksums(checksums: list[int]) -> bytes:
+    return struct.pack(f"<{len(checksums)}Q", *checksums)
+
+
+def unpack_checksums(arena: memoryview, count: int, at: int = 0) -> list[int]:
+    return list(struct.unpack_from(f"<{count}Q", arena, at))
+
+
+def encode_keys(keys: list[str]) -> bytes:
+    return bytes(msgpack.packb(keys, use_bin_type=True))
+
+
+def decode_keys(payload: bytes | memoryview, count_max: int) -> list[str]:
+    """Parse a request's key list; every key is a non-empty string of at most KEY_BYTES_MAX."""
+    try:
+        keys = msgpack.unpackb(
+            payload,
+            raw=False,
+            max_str_len=KEY_BYTES_MAX,
+            max_array_len=count_max,
+            max_bin_len=0,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:
+        raise ProtocolError(f"request keys are not valid msgpack: {exc}") from exc
+    if not isinstance(keys, list) or not keys:
+        raise ProtocolError("request keys must be a non-empty list")
+    if set(map(type, keys)) != {str} or "" in keys:  # no per-key Python loop: 1,000-key EXISTS
+        raise ProtocolError("every request key must be a non-empty string")
+    return keys

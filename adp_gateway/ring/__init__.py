@@ -1,0 +1,2 @@
+"""Shared-memory rings between one plugin instance and the gateway (the only gateway code the
+plugin imports, with adp_gateway.protocol)."""

@@ -1,0 +1,131 @@
+"""Layout of one session's shared memory (a memfd created by the gateway).
+
+::
+
+    0        header: magic, version, geometry; queue counters on their own cache lines
+    4096     submission queue: ``slots`` x 64-byte Submission entries (plugin -> gateway)
+    ...      completion queue: ``slots`` x 32-byte Completion entries (gateway -> plugin)
+    ...      arenas: ``slots`` x ``arena_bytes``, one per slot: request keys in, per-key results out
+    ...      transfer window: ``window_bytes``, 4 KiB aligned; object bytes in 4 KiB-aligned extents
+
+A slot is owned by one op from submit to completion, so neither queue can hold more than
+``slots`` entries. Every counter and field a peer writes is validated by the reader.
+
+Zero-copy stores (``FLAG_L1``) are written to the disk straight from the client's own L1 segment
+instead of the window. The gateway only ever reads L1, and only whole pages of objects that are
+whole pages long; every load lands in the window (docs/design.md, "Zero-copy stores").
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from adp_gateway.errors import ProtocolError
+
+PAGE_BYTES = 4096
+MAGIC = b"ADPRING1"
+LAYOUT_VERSION = 3
+_HEADER = struct.Struct("<8sIIIIQ")  # magic, version, slots, arena_bytes, reserved, window_bytes
+SQ_HEAD, SQ_TAIL, CQ_HEAD, CQ_TAIL = 64, 128, 192, 256  # one counter per cache line
+
+SUBMISSION = struct.Struct("<QBBHIIIQQQ16x")
+COMPLETION = struct.Struct("<QIBBHIIQ")
+FLAG_L1 = 1  # Submission.flags, SET only: data_offset is an offset into the client's L1 segment
+
+
+class Submission(NamedTuple):
+    op_id: int
+    op: int
+    flags: int
+    reserved: int
+    slot: int
+    request_bytes: int
+    reserved2: int
+    deadline_ns: int  # CLOCK_MONOTONIC, shared by all processes of the host
+    data_offset: int  # into the window, or into the L1 segment with FLAG_L1
+    data_bytes: int  # the object's logical length
+
+
+class Completion(NamedTuple):
+    op_id: int
+    slot: int
+    status: int
+    reserved: int
+    reserved2: int
+    result_bytes: int  # bytes of per-key results in the slot's arena
+    reserved3: int
+    data_bytes: int  # GET: the stored object's length
+
+
+def align_up(value: int, alignment: int = PAGE_BYTES) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    slots: int
+    arena_bytes: int
+    window_bytes: int
+
+    @property
+    def sq_offset(self) -> int:
+        return PAGE_BYTES
+
+    @property
+    def cq_offset(self) -> int:
+        return self.sq_offset + self.slots * SUBMISSION.size
+
+    @property
+    def arenas_offset(self) -> int:
+        return align_up(self.cq_offset + self.slots * COMPLETION.size)
+
+    @property
+    def window_offset(self) -> int:
+        return align_up(self.arenas_offset + self.slots * self.arena_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.window_offset + self.window_bytes
+
+    def arena(self, buf: memoryview, slot: int) -> memoryview:
+        start = self.arenas_offset + slot * self.arena_bytes
+        return buf[start : start + self.arena_bytes]
+
+    def window(self, buf: memoryview) -> memoryview:
+        return buf[self.window_offset : self.total_bytes]
+
+
+def create_shared(layout: RingLayout) -> tuple[int, mmap.mmap]:
+    """Create the memfd for a new session, write its header and map it (gateway side)."""
+    fd = os.memfd_create("adp-session", os.MFD_CLOEXEC)
+    os.ftruncate(fd, layout.total_bytes)
+    mapping = mmap.mmap(fd, layout.total_bytes)
+    _HEADER.pack_into(
+        mapping, 0, MAGIC, LAYOUT_VERSION, layout.slots, layout.arena_bytes, 0, layout.window_bytes
+    )
+    return fd, mapping
+
+
+def map_shared(fd: int, layout: RingLayout) -> mmap.mmap:
+    """Map a session memfd received from the gateway and check it matches the welcome."""
+    size = os.fstat(fd).st_size
+    if size != layout.total_bytes:
+        raise ProtocolError(
+            f"session memory is {size} bytes, the welcome promised {layout.total_bytes}"
+        )
+    mapping = mmap.mmap(fd, size)
+    magic, version, slots, arena, _, window = _HEADER.unpack_from(mapping, 0)
+    if (magic, version, slots, arena, window) != (
+        MAGIC,
+        LAYOUT_VERSION,
+        layout.slots,
+        layout.arena_bytes,
+        layout.window_bytes,
+    ):
+        mapping.close()
+        raise ProtocolError("session memory header does not match the welcome")
+    return mapping

@@ -1,0 +1,497 @@
+"""The gateway process: opens the store, listens on the Unix socket, runs sessions and I/O threads.
+
+Start-up order: check the config against the machine, open the databases, rebuild the index,
+then listen, so a client never sees a half-recovered store. Stop order: stop accepting, fail
+what is queued, let running I/O finish, sync, close the databases, remove the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import grp
+import itertools
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from adp_gateway import config as config_module
+from adp_gateway.backends.base import Device
+from adp_gateway.backends.filedevice import FileDevice
+from adp_gateway.backends.groupsync import PeriodicSync
+from adp_gateway.backends.regionlog import Pools, RegionLog
+from adp_gateway.config import GatewayConfig
+from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError, StartupError
+from adp_gateway.health import DeviceHealth
+from adp_gateway.l1 import L1Segment
+from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
+from adp_gateway.protocol import (
+    Hello,
+    Status,
+    is_status_request,
+    parse_hello,
+    recv_frame,
+    send_frame,
+    welcome_body,
+)
+from adp_gateway.ring.layout import RingLayout
+from adp_gateway.ring.queue import check_host
+from adp_gateway.scheduler import Scheduler
+from adp_gateway.session import Session
+from adp_gateway.store import Store
+from adp_gateway.tenants import Peer, Tenants
+from adp_gateway.units import format_size
+
+log = logging.getLogger(__name__)
+EXPIRE_INTERVAL_S = 0.1
+RATE_SAMPLE_INTERVAL_S = 5.0
+STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not ticked this long
+HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class Gateway:
+    def __init__(
+        self, config: GatewayConfig, wrap_device: Callable[[Device], Device] | None = None
+    ) -> None:
+        """``wrap_device`` wraps each database's device (tests inject faults with it)."""
+        check_host()
+        # Before the databases are touched: a second gateway on a live socket is refused
+        # without creating or preallocating anything.
+        _claim_socket_path(config.socket_path, config.socket_group)
+        self.metrics = Metrics()
+        self._rates = Rates(self.metrics)
+        self._heartbeat: float | None = None  # the housekeeping thread's last tick (monotonic)
+        self._ready = False  # recovered and listening: /readyz
+        self._metrics_server: MetricsServer | None = None
+        if config.metrics_address is not None:  # /healthz answers during the recovery too
+            self._metrics_server = MetricsServer(
+                config.metrics_address, self.metrics, lambda: self._ready, self._alive
+            )
+            self._metrics_server.start()
+        self.config = config_module.resolve_capacity(config)
+        self._wrap_device = wrap_device or (lambda device: device)
+        self.devices: list[DeviceHealth] = []
+        self._listener: socket.socket | None = None
+        self._sessions: dict[int, Session] = {}
+        self._starting = 0  # sessions being made, counted against max_sessions; under _lock
+        self._session_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
+        self._refusals = _RareLog(log)
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.tenants = Tenants(self.config.tenants)
+        self.scheduler = Scheduler(
+            self.config.store_backlog_max,
+            _per_database_max(self.config),
+            self.config.store_inflight_max,
+        )
+        self.store = self._open_store()
+        self._periodic_sync: PeriodicSync | None = None
+        if self.config.sync == "periodic":
+            self._periodic_sync = PeriodicSync(
+                self.store.sync_all, self.config.sync_interval_ms / 1000
+            )
+
+    def _open_store(self) -> Store:
+        paths = self.config.database_paths
+        assert self.config.capacity is not None
+        per_database = self.config.capacity // len(paths)
+        self.devices = [
+            DeviceHealth(
+                self._wrap_device(FileDevice(p, per_database, grow=p not in self.config.devices)),
+                database,
+                p,
+            )
+            for database, p in enumerate(paths)
+        ]
+        devices: list[Device] = list(self.devices)
+        store_ref: list[Store] = []
+        region_log = RegionLog(
+            devices,
+            self.config.region_size,
+            lambda *region: store_ref[0].on_reclaim(*region),
+            Pools(config_module.region_quotas(self.config)),
+        )
+        store = Store(
+            region_log,
+            self.config.fragment_size,
+            sync=self.config.sync == "always",
+            on_written=self.scheduler.writes_landed,
+        )
+        store_ref.append(store)
+        started = time.monotonic()
+        count = store.recover()
+        if self.config.prepare_databases:
+            region_log.prepare_in_background()
+        self.metrics.recovery_seconds.set(time.monotonic() - started)
+        stats = store.statistics()
+        log.info(
+            "recovered %d objects (%s of %s) from %d database(s) in %.2f s",
+            count,
+            format_size(stats.used_bytes),
+            format_size(stats.capacity_bytes),
+            len(paths),
+            time.monotonic() - started,
+        )
+        return store
+
+    def _alive(self) -> bool:
+        """False once the housekeeping thread has not ticked for STUCK_AFTER_S (a deadlock, or
+        a stuck interpreter); True before it starts (during the recovery)."""
+        beat = self._heartbeat
+        return beat is None or time.monotonic() - beat < STUCK_AFTER_S
+
+    def status(self) -> dict[str, Any]:
+        """What ``adp-gateway status`` shows and the metrics' gauges read: one snapshot."""
+        store = self.store.statistics()
+        queued = self.scheduler.statistics()
+        with self._lock:
+            sessions = Counter(s.tenant for s in self._sessions.values())
+        tenants = [t.name for t in self.config.tenants] or sorted(sessions)
+        return {
+            "socket": self.config.socket_path,
+            "ready": self._ready,
+            "capacity_bytes": store.capacity_bytes,
+            "used_bytes": store.used_bytes,
+            "objects": store.objects,
+            "sessions": dict(sessions),
+            "tenants": {t: self._tenant_state(t, sessions[t]) for t in tenants},
+            "queued": dict(zip(("loads", "stores", "deletes"), queued.queued, strict=True)),
+            "store_backlog_bytes": queued.store_backlog_bytes,
+            "evicted_regions": store.reclaims,
+            "databases": [device.state() for device in self.devices],
+            "rates_last_minute": self._rates.per_second(),
+        }
+
+    def _tenant_state(self, tenant: str, sessions: int) -> dict[str, Any]:
+        held, limit = self.store.pool_bytes(tenant)
+        return {"sessions": sessions, "pool_bytes": held, "pool_limit_bytes": limit}
+
+    def _live_state(self) -> dict[str, Any]:
+        status = self.status()
+        pools = {t: (v["pool_bytes"], v["pool_limit_bytes"]) for t, v in status["tenants"].items()}
+        errors = {d["database"]: d["errors"] for d in status["databases"]}
+        return {**status, "pools": pools, "device_errors": errors}
+
+    def start(self) -> None:
+        self._listener = _listen(self.config.socket_path, self.config.socket_group)
+        if self._periodic_sync is not None:
+            self._periodic_sync.start()
+        for i in range(self.config.io_threads):
+            self._spawn(f"io-{i}", self._io_loop)
+        self._spawn("expire", self._expire_loop)
+        self._spawn("accept", self._accept_loop)
+        self.metrics.add_collector(LiveState(self._live_state))
+        self._ready = True
+        log.info("gateway listening on %s", self.config.socket_path)
+        if self.tenants.open_mode:
+            log.info(
+                "no tenants declared: any process that can open the socket may use any tenant "
+                "name (declare `tenants` to require credentials)"
+            )
+
+    def stop(self) -> None:
+        self._ready = False
+        self._stopping.set()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone won't
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.socket_path)
+        for task in self.scheduler.close():
+            task.cancel(Status.FAILED)  # the client learns at once instead of at its deadline
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.stop()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        if self._periodic_sync is not None:
+            self._periodic_sync.stop()
+        self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+        log.info("gateway stopped")
+
+    def _spawn(self, name: str, target: object) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def _io_loop(self) -> None:
+        while not self._stopping.is_set():
+            task = self.scheduler.next(timeout_s=0.5)
+            if task is None:
+                continue
+            try:
+                task.run()
+            except Exception:  # a bug must not kill an I/O thread: fail the op, log it
+                log.exception("unexpected error in an I/O task")
+                task.cancel(Status.FAILED)
+            finally:
+                self.scheduler.finished(task)
+
+    def _expire_loop(self) -> None:
+        """Fail queued ops past their deadline, even while every I/O thread is stuck, so they
+        give their slots back to their clients."""
+        next_sample = 0.0
+        while not self._stopping.wait(EXPIRE_INTERVAL_S):
+            self._heartbeat = time.monotonic()
+            for task in self.scheduler.drop_expired():
+                task.cancel(Status.EXPIRED)
+            if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
+                self._rates.sample()
+                next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # listener closed: stopping
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(
+                    conn,
+                    _peer(conn),
+                    f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
+                )
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="session", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        """Handshake (holding a handshake slot), then run the session (holding none)."""
+        try:
+            session = self._handshake(conn)
+        finally:
+            self._handshakes.release()
+        if session is not None:
+            session.run()
+
+    def _handshake(self, conn: socket.socket) -> Session | None:
+        peer = _peer(conn)
+        received: list[int] = []  # the client's L1 segment, if it sent one
+        try:
+            conn.settimeout(self.config.handshake_timeout_s)
+            body, received = recv_frame(conn, fds_max=1)
+            if is_status_request(body):
+                self._answer_status(conn, peer)
+                return None
+            hello = parse_hello(body)
+            self.tenants.admit(hello, peer)
+            l1 = _map_l1(hello, received, peer)
+            session = self._new_session(conn, hello, str(peer), l1)
+            try:
+                welcome, fds = session.welcome(self.config.session_window_size)
+                send_frame(conn, welcome_body(welcome), fds)
+                conn.settimeout(None)
+            except BaseException:  # the client went away mid-handshake: free what it held
+                session.close(started=False)
+                raise
+        except (GatewayError, OSError) as exc:
+            self._refuse(conn, peer, str(exc) or type(exc).__name__)
+            return None
+        finally:
+            for fd in received:
+                os.close(fd)
+        log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
+        return session
+
+    def _answer_status(self, conn: socket.socket, peer: Peer) -> None:
+        """``adp-gateway status``: for the gateway's own user and root only, since it names
+        every tenant and what each holds."""
+        if peer.uid not in (0, os.geteuid()):
+            raise HandshakeRefused(
+                f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
+                f"{peer.uid}"
+            )
+        send_frame(conn, {"ok": True, "status": self.status()})
+        conn.close()
+
+    def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
+        """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
+        self._refusals.warning("refused client %s: %s", peer, why)
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            send_frame(conn, {"ok": False, "error": why})
+        conn.close()
+
+    def _new_session(
+        self, conn: socket.socket, hello: Hello, peer: str, l1: L1Segment | None
+    ) -> Session:
+        layout = RingLayout(
+            self.config.session_slots,
+            self.config.session_arena_size,
+            self.config.session_window_size,
+        )
+        with self._lock:
+            if len(self._sessions) + self._starting >= self.config.max_sessions:
+                raise HandshakeRefused(
+                    f"the gateway serves {self.config.max_sessions} clients already "
+                    "(max_sessions); raise it in the gateway config, or stop a client"
+                )
+            self._starting += 1  # counted before its shared memory is made: a burst stays bound
+        session = None
+        try:
+            session = Session(
+                next(self._session_ids),
+                conn,
+                hello.tenant,
+                peer,
+                layout,
+                self.store,
+                self.scheduler,
+                self._forget,
+                self.metrics,
+                l1,
+            )
+            self.metrics.sessions_opened.inc()
+        finally:
+            with self._lock:
+                self._starting -= 1
+                if session is not None:
+                    self._sessions[session.session_id] = session
+        return session
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.pop(session.session_id, None)
+
+
+class _RareLog:
+    """Warnings that a flood could repeat thousands of times: the first one, then at most one
+    line every ``interval_s`` saying how many were left out."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._next = 0.0
+        self._left_out = 0
+        self._lock = threading.Lock()
+
+    def warning(self, message: str, *args: object) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next:
+                self._left_out += 1
+                return
+            left_out, self._left_out, self._next = self._left_out, 0, now + self._interval_s
+        suffix = f" (and {left_out} more refusals since the last such line)" if left_out else ""
+        self._logger.warning(message + suffix, *args)
+
+
+def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:
+    """The client's L1 segment for zero-copy ops; None (the copy path) when it sent none or
+    one that does not map, which is logged."""
+    if not hello.l1_bytes or len(fds) != 1:
+        return None
+    try:
+        return L1Segment(fds[0], hello.l1_bytes)
+    except ProtocolError as exc:
+        log.warning("client %s: %s; its ops use the copy path", peer, exc)
+        return None
+
+
+def _per_database_max(config: GatewayConfig) -> int | None:
+    """How many I/O threads ops on one database may hold: with several databases, a quarter
+    of them stays for the others, however long one of them stalls."""
+    if len(config.database_paths) == 1:
+        return None
+    return max(1, config.io_threads - config.io_threads // 4)
+
+
+def _peer(conn: socket.socket) -> Peer:
+    """The connecting process, as the kernel saw it connect."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return Peer(-1, -1, -1)  # matches no tenant's uids or gids
+    return Peer(*_PEERCRED.unpack(creds))
+
+
+def _claim_socket_path(path: str, group: str | None) -> None:
+    """Make the socket's directory ready, and refuse a path a live gateway serves."""
+    _prepare_socket_dir(os.path.dirname(os.path.abspath(path)), group)
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
+        os.unlink(path)  # left behind by a gateway that died
+    else:
+        raise StartupError(
+            f"{path} is already served by a live gateway: stop it first, or "
+            "give this one another `--socket`"
+        )
+    finally:
+        probe.close()
+
+
+def _prepare_socket_dir(directory: str, group: str | None) -> None:
+    """Create the socket's directory (mode 0750), and refuse one that another user owns or can
+    write: whoever can write it could put a socket of their own in the gateway's place."""
+    parent = os.path.dirname(directory)
+    config_module.make_dir(parent, 0o755, "the socket's parent directory", "--socket")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o750)
+    info = os.lstat(directory)
+    fix = "remove it, or give the gateway another `--socket`"
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise StartupError(f"the socket's directory {directory} is not a directory: {fix}")
+    if info.st_uid != os.geteuid():
+        raise StartupError(
+            f"the socket's directory {directory} belongs to uid {info.st_uid}, not to the "
+            f"gateway's user ({os.geteuid()}), who could replace the socket: {fix}"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StartupError(
+            f"the socket's directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}), who could replace the socket: `chmod go-w` it, "
+            "or give the gateway another `--socket`"
+        )
+    if group is not None:  # its members must reach the socket through the directory
+        os.chown(directory, -1, _group_id(group))
+        os.chmod(directory, stat.S_IMODE(info.st_mode) | 0o050)
+
+
+def _listen(path: str, group: str | None) -> socket.socket:
+    """Bind the Unix socket (its directory was claimed by ``_claim_socket_path``)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+    except OSError as exc:
+        listener.close()
+        raise StartupError(
+            f"cannot bind {path}: {exc.strerror}; choose another `--socket`"
+        ) from exc
+    os.chmod(path, 0o660)
+    if group is not None:
+        try:
+            os.chown(path, -1, _group_id(group))
+        except OSError as exc:
+            listener.close()
+            raise StartupError(
+                f"cannot give the socket to group {group!r}: {exc.strerror}; fix `socket_group`"
+            ) from exc
+    listener.listen(64)
+    return listener
+
+
+def _group_id(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StartupError(f"socket_group: no group named {group!r}; fix `socket_group`") from None

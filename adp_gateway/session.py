@@ -1,0 +1,403 @@
+"""One connected plugin instance: its shared memory, its rings and the ops it has in flight.
+
+Everything the client writes into shared memory is untrusted. A descriptor that breaks the
+protocol (unknown op, slot out of range or already in flight, a window range outside the window,
+malformed keys) drops this session with a log line; other sessions are not affected.
+
+Threads: ``run`` (the session's own thread) reads submissions and answers EXISTS from the index;
+the I/O threads run its loads, stores and deletes and call ``complete``. The mapping stays alive
+until the last I/O thread has released its views of it, so a dead client never pulls memory out
+from under an in-flight read or write.
+
+Zero-copy stores (``FLAG_L1``) read the client's L1 pages, through the kernel only (``pwritev``),
+inside ``_reading_l1``; the session closes its socket only once no store is inside, so a client
+that sees EOF knows the gateway has let go of its L1 (docs/design.md, "Zero-copy stores"). The
+gateway never writes L1: every load lands in the window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+
+from adp_gateway.errors import ProtocolError, StorageError
+from adp_gateway.l1 import L1Segment
+from adp_gateway.metrics import Metrics
+from adp_gateway.protocol import (
+    CHECKSUM_BYTES,
+    KEYS_PER_REQUEST_MAX,
+    Op,
+    Status,
+    Welcome,
+    checksums_at,
+    decode_keys,
+    unpack_checksums,
+)
+from adp_gateway.ring.layout import (
+    FLAG_L1,
+    PAGE_BYTES,
+    Completion,
+    RingLayout,
+    Submission,
+    align_up,
+    create_shared,
+)
+from adp_gateway.ring.queue import completion_producer, submission_consumer
+from adp_gateway.scheduler import Priority, Scheduler, Task
+from adp_gateway.store import Store
+from adp_gateway.units import format_size
+
+log = logging.getLogger(__name__)
+_PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
+_SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
+# What an I/O task reports: status, per-key result bytes in the arena, the object's length, and
+# how many of its keys were found (a hit, a store done, a key deleted).
+_Outcome = tuple[Status, int, int, int]
+_EXPIRED: _Outcome = (Status.EXPIRED, 0, 0, 0)
+_FAILED: _Outcome = (Status.FAILED, 0, 0, 0)
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: int,
+        sock: socket.socket,
+        tenant: str,
+        peer: str,
+        layout: RingLayout,
+        store: Store,
+        scheduler: Scheduler,
+        on_close: Callable[[Session], None],
+        metrics: Metrics,
+        l1: L1Segment | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.tenant = tenant
+        self.name = f"session {session_id} ({peer}, tenant {tenant!r})"
+        self._sock = sock
+        self._layout = layout
+        self._store = store
+        self._scheduler = scheduler
+        self._on_close = on_close
+        self._memfd, mapping = create_shared(layout)
+        self._memory = memoryview(mapping)
+        self._window = layout.window(self._memory)
+        self._l1 = l1
+        self._l1_busy = 0  # stores inside _reading_l1; under _idle
+        self._l1_closed = False  # no store enters _reading_l1 any more; under _idle
+        self._idle = threading.Condition()
+        self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._completed = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._submissions = submission_consumer(self._memory, layout)
+        self._completions = completion_producer(self._memory, layout)
+        self._backlog: deque[Completion] = deque()  # completions waiting for room in the CQ
+        self._inflight: dict[int, tuple[float, int]] = {}  # slot -> (arrival, keys) of its op
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._closed = False
+        self._counts: Counter[str] = Counter()  # under _lock; logged when the session ends
+
+    def welcome(self, object_bytes_max: int) -> tuple[Welcome, list[int]]:
+        welcome = Welcome(
+            self.session_id,
+            self._layout.slots,
+            self._layout.arena_bytes,
+            self._layout.window_bytes,
+            object_bytes_max,
+            self._store.fragment_bytes,
+            int(self._l1 is not None),
+        )
+        return welcome, [self._memfd, self._submitted, self._completed]
+
+    def run(self) -> None:
+        self._close_memfd()  # the client holds its own copy now; the mapping keeps ours alive
+        poller = select.poll()
+        poller.register(self._submitted, select.POLLIN)
+        poller.register(self._sock, select.POLLIN)
+        try:
+            while not self._closed:
+                events = dict(poller.poll(1000))
+                if self._sock.fileno() in events and not self._client_alive():
+                    log.info("%s: client disconnected", self.name)
+                    break
+                if self._submitted in events:
+                    _reset(self._submitted)
+                    for submission in self._submissions.pop_all():
+                        self._dispatch(submission)
+        except ProtocolError as exc:
+            log.error("%s: %s; dropping the session", self.name, exc)
+        finally:
+            self.close()
+
+    def close(self, started: bool = True) -> None:
+        """Free everything the session holds; ``started=False`` for one whose handshake
+        failed after it was made (nothing to report: no summary line)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._close_memfd()
+        self._scheduler.drop_session(self.session_id)
+        with self._idle:  # EOF tells the client the gateway has let go of its L1
+            self._l1_closed = True
+            self._idle.wait_for(lambda: self._l1_busy == 0)
+        self._sock.close()
+        os.close(self._submitted)
+        with self._lock:
+            os.close(self._completed)
+            counts = dict(self._counts)
+        if started:
+            log.info("%s closed: %s", self.name, _describe(counts))
+        self._on_close(self)
+
+    def _close_memfd(self) -> None:
+        with self._lock:
+            memfd, self._memfd = self._memfd, -1
+        if memfd >= 0:
+            os.close(memfd)
+
+    def stop(self) -> None:
+        """Ask ``run`` to end (any thread); it closes the session on its way out."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def complete(
+        self,
+        submission: Submission,
+        status: Status,
+        result_bytes: int = 0,
+        data_bytes: int = 0,
+        hits: int = 1,
+    ) -> None:
+        """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes).
+        Dropped silently once the session is closed."""
+        completion = Completion(
+            submission.op_id, submission.slot, status, 0, 0, result_bytes, 0, data_bytes
+        )
+        with self._lock:
+            if self._closed:
+                return
+            if status in _SHED:
+                self._counts[_SHED[status]] += 1
+            arrived, keys = self._inflight.pop(submission.slot, (time.monotonic(), 1))
+            self._backlog.append(completion)
+            try:
+                while self._backlog and self._completions.push(self._backlog[0]):
+                    self._backlog.popleft()
+            except ProtocolError as exc:
+                log.error("%s: %s; dropping the session", self.name, exc)
+                self.stop()  # run() wakes up and closes the session
+                return
+            os.eventfd_write(self._completed, 1)
+        self._metrics.completed(
+            Op(submission.op), self.tenant, status, keys, hits, time.monotonic() - arrived
+        )
+
+    def _count(self, **increments: int) -> None:
+        with self._lock:
+            self._counts.update(increments)
+
+    def _client_alive(self) -> bool:
+        try:
+            data = self._sock.recv(1, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if data:
+            raise ProtocolError("client wrote to the socket after the handshake")
+        return False
+
+    def _dispatch(self, submission: Submission) -> None:
+        op = self._check(submission)
+        arena = self._layout.arena(self._memory, submission.slot)
+        keys = decode_keys(bytes(arena[: submission.request_bytes]), KEYS_PER_REQUEST_MAX)
+        with self._lock:
+            self._inflight[submission.slot] = self._inflight[submission.slot][0], len(keys)
+        if time.monotonic_ns() > submission.deadline_ns:
+            self.complete(submission, Status.EXPIRED)
+        elif op == Op.EXISTS:
+            found = self._store.exists(self.tenant, keys)
+            self._count(keys_looked_up=len(keys), keys_found=sum(found))
+            self.complete(submission, *_results(arena, found))
+        elif op == Op.DELETE:
+            self._queue(
+                submission,
+                0,
+                lambda: _results(arena, self._store.delete(self.tenant, keys)),
+                self._store.databases_holding(self.tenant, keys),
+            )
+        else:
+            self._queue_data_op(op, submission, keys, arena)
+
+    def _check(self, submission: Submission) -> Op:
+        if submission.op not in Op.__members__.values():
+            raise ProtocolError(f"unknown op code {submission.op}")
+        if submission.flags & ~FLAG_L1 or (submission.flags and submission.op != Op.SET):
+            raise ProtocolError(f"flags {submission.flags:#x} are not valid for op {submission.op}")
+        if submission.slot >= self._layout.slots:
+            raise ProtocolError(f"slot {submission.slot} is out of range")
+        if submission.request_bytes > self._layout.arena_bytes:
+            raise ProtocolError(f"request of {submission.request_bytes} bytes overflows its arena")
+        with self._lock:
+            if submission.slot in self._inflight:
+                raise ProtocolError(f"slot {submission.slot} reused while its op is in flight")
+            self._inflight[submission.slot] = time.monotonic(), 1
+        return Op(submission.op)
+
+    def _queue_data_op(
+        self, op: Op, submission: Submission, keys: list[str], arena: memoryview
+    ) -> None:
+        if len(keys) != 1:
+            raise ProtocolError(f"a {op.name} carries one key, got {len(keys)}")
+        key, length = keys[0], submission.data_bytes
+        zero_copy = bool(submission.flags & FLAG_L1)
+        extent = self._l1_pages(submission) if zero_copy else self._window_extent(submission)
+
+        def load() -> _Outcome:
+            found = self._store.get(self.tenant, key, extent, length)
+            self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
+            if found:
+                self._metrics.moved("read", self.tenant, length)
+            return (Status.OK if found else Status.MISS), 0, length, int(found)
+
+        if op == Op.GET:
+            databases = self._store.databases_holding(self.tenant, keys)
+            self._queue(submission, length, load, databases)
+            return
+        checksums = None
+        if zero_copy:  # read now: the arena is the client's to scribble on
+            count = self._store.fragment_count(length)
+            checksums = unpack_checksums(arena, count, self._checksums_at(submission))
+
+        def store() -> _Outcome:
+            self._store.put(self.tenant, key, extent, length, checksums)
+            self._count(stores=1, bytes_stored=length)
+            self._metrics.moved("written", self.tenant, length)
+            return Status.OK, 0, 0, 1
+
+        databases = self._store.databases_to_store(self.tenant, key, length)
+        self._queue(submission, length, store, databases, reads_l1=zero_copy)
+
+    def _window_extent(self, submission: Submission) -> memoryview:
+        start = submission.data_offset
+        end = start + align_up(submission.data_bytes)
+        if start % PAGE_BYTES or end > self._layout.window_bytes:
+            raise ProtocolError(
+                f"window range [{start}, {end}) is unaligned or outside the "
+                f"{self._layout.window_bytes}-byte window"
+            )
+        return self._window[start:end]
+
+    def _l1_pages(self, submission: Submission) -> memoryview:
+        """A zero-copy store's pages in L1: whole pages only, so no byte of L1 beyond the
+        object ever reaches the disk."""
+        if self._l1 is None:
+            raise ProtocolError("a zero-copy store on a session without an L1 segment")
+        if submission.data_bytes % PAGE_BYTES:
+            raise ProtocolError(
+                f"a zero-copy store of {submission.data_bytes} bytes, not whole pages"
+            )
+        if submission.data_bytes > self._layout.window_bytes:
+            raise ProtocolError(
+                f"an object of {submission.data_bytes} bytes exceeds the session's "
+                f"{self._layout.window_bytes}-byte object limit"
+            )
+        self._count(zero_copy=1)
+        return self._l1.pages(submission.data_offset, submission.data_bytes)
+
+    def _checksums_at(self, submission: Submission) -> int:
+        """Where a zero-copy store's checksums lie in its arena: after its keys. Raises
+        ProtocolError when they would not fit."""
+        at = checksums_at(submission.request_bytes)
+        count = self._store.fragment_count(submission.data_bytes)
+        if at + count * CHECKSUM_BYTES > self._layout.arena_bytes:
+            raise ProtocolError(
+                f"the checksums of a {submission.data_bytes}-byte object do not fit the arena"
+            )
+        return at
+
+    def _queue(
+        self,
+        submission: Submission,
+        data_bytes: int,
+        work: Callable[[], _Outcome],
+        databases: frozenset[int],
+        reads_l1: bool = False,
+    ) -> None:
+        def run() -> None:
+            if time.monotonic_ns() > submission.deadline_ns:
+                self.complete(submission, Status.EXPIRED)
+                return
+            if not reads_l1:
+                self.complete(submission, *self._attempt(submission, work))
+                return
+            with self._reading_l1() as allowed:
+                outcome = self._attempt(submission, work) if allowed else _EXPIRED
+            self.complete(submission, *outcome)
+
+        task = Task(
+            _PRIORITY[Op(submission.op)],
+            self.session_id,
+            submission.deadline_ns,
+            data_bytes,
+            run,
+            lambda status: self.complete(submission, Status(status)),
+            databases,
+        )
+        if not self._scheduler.submit(task):
+            self.complete(submission, Status.REJECTED)
+
+    def _attempt(self, submission: Submission, work: Callable[[], _Outcome]) -> _Outcome:
+        try:
+            return work()
+        except StorageError as exc:
+            log.error("%s: op %d failed: %s", self.name, submission.op_id, exc)
+            return _FAILED
+
+    @contextlib.contextmanager
+    def _reading_l1(self) -> Iterator[bool]:
+        """Count a zero-copy store in while the kernel reads its L1 pages; yield False (do not
+        start) once the session is closing, because its client may already see EOF."""
+        with self._idle:
+            closing = self._l1_closed
+            self._l1_busy += not closing
+        if closing:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._idle:
+                self._l1_busy -= 1
+                self._idle.notify_all()
+
+
+def _results(arena: memoryview, results: list[bool]) -> _Outcome:
+    """Per-key results written to the slot's arena, as an OK outcome."""
+    arena[: len(results)] = bytes(results)
+    return Status.OK, len(results), 0, sum(results)
+
+
+def _describe(counts: dict[str, int]) -> str:
+    """One log line of a session's work, e.g. "8 loads (8 hits, 32.0 MiB), 8 stores (...)"."""
+    return (
+        f"{counts.get('loads', 0)} loads ({counts.get('load_hits', 0)} hits, "
+        f"{format_size(counts.get('bytes_loaded', 0))}), {counts.get('stores', 0)} stores "
+        f"({format_size(counts.get('bytes_stored', 0))}), {counts.get('keys_looked_up', 0)} keys "
+        f"looked up ({counts.get('keys_found', 0)} found), {counts.get('zero_copy', 0)} "
+        f"of the stores zero-copy; {counts.get('refused', 0)} ops refused (backlog "
+        f"over its bound), {counts.get('expired', 0)} expired, {counts.get('failed', 0)} failed"
+    )
+
+
+def _reset(eventfd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        os.eventfd_read(eventfd)

@@ -1,0 +1,78 @@
+"""``adp-gateway status``: ask a running gateway how it is doing, over its own socket.
+
+The gateway answers the gateway's own user and root (its answer names every tenant); the
+answer is printed as a few lines for people, or as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from adp_gateway.errors import HandshakeRefused, StartupError
+from adp_gateway.protocol import recv_frame, send_frame, status_request
+from adp_gateway.units import format_size
+
+TIMEOUT_S = 5.0
+
+
+def ask(socket_path: str) -> dict[str, Any]:
+    """The running gateway's status; StartupError when none answers at ``socket_path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(TIMEOUT_S)
+    try:
+        sock.connect(socket_path)
+        send_frame(sock, status_request())
+        body, _ = recv_frame(sock)
+    except OSError as exc:
+        raise StartupError(
+            f"no gateway answers at {socket_path} ({exc.strerror or exc}): is it running, and "
+            "is that its `--socket`?"
+        ) from exc
+    finally:
+        sock.close()
+    if body.get("ok") is not True:
+        raise HandshakeRefused(str(body.get("error", "the gateway refused")))
+    status: dict[str, Any] = body["status"]
+    return status
+
+
+def render(status: dict[str, Any]) -> str:
+    used, capacity = status["used_bytes"], status["capacity_bytes"]
+    lines = [
+        f"gateway on {status['socket']}: {'ready' if status['ready'] else 'not ready'}",
+        f"  capacity {format_size(capacity)}, used {format_size(used)} "
+        f"({100 * used / max(capacity, 1):.0f} %), {status['objects']} objects, "
+        f"{status['evicted_regions']} regions evicted",
+        f"  sessions: {_sessions(status['sessions'])}",
+        f"  queued: {status['queued']['loads']} loads, {status['queued']['stores']} stores "
+        f"({format_size(status['store_backlog_bytes'])}), {status['queued']['deletes']} deletes",
+    ]
+    for name, tenant in status["tenants"].items():
+        lines.append(
+            f"  tenant {name!r}: {tenant['sessions']} sessions, regions of "
+            f"{format_size(tenant['pool_bytes'])} of at most "
+            f"{format_size(tenant['pool_limit_bytes'])}"
+        )
+    for db in status["databases"]:
+        health = db["health"]
+        if db["errors_last_minute"]:
+            health += f" ({db['errors_last_minute']} errors in the last minute: {db['last_error']})"
+        lines.append(f"  database {db['database']} {db['path']}: {health}")
+    rates = status["rates_last_minute"]
+    shown = ", ".join(_rate(name, rate) for name, rate in rates.items()) or "nothing yet"
+    lines.append(f"  last minute: {shown}")
+    return "\n".join(lines)
+
+
+def _rate(name: str, per_second: float) -> str:
+    """``read_bytes`` -> "read 1.2 MiB/s"; ``lookup_keys`` -> "lookup keys 40/s"."""
+    if name.endswith("_bytes"):
+        return f"{name.removesuffix('_bytes')} {format_size(int(per_second))}/s"
+    return f"{name.replace('_', ' ')} {per_second:g}/s"
+
+
+def _sessions(by_tenant: dict[str, int]) -> str:
+    if not by_tenant:
+        return "none"
+    return ", ".join(f"{count} of tenant {tenant!r}" for tenant, count in by_tenant.items())

@@ -1,0 +1,119 @@
+"""Tenants: who may connect as which tenant, and how much of the card each may hold.
+
+The gateway config declares tenants (``tenants:`` in configs/gateway.yaml). A client names its
+tenant in the handshake; the gateway admits it only if the peer process's uid or gid, read with
+SO_PEERCRED (the kernel's word, not the client's), is one the tenant lists, and if the tenant
+has a token file, the client sent the same token. With no tenants declared the gateway is in
+open mode: whoever can open the socket (mode 0660, ``socket_group``) may use any tenant name.
+
+A tenant with a ``quota`` owns whole regions of every database, at most its quota's worth, and
+evicts only its own objects to make room (adp_gateway/backends/regionlog.py). Tenants without one
+share the regions nobody's quota reserves, and evict each other's objects in LRU order.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from dataclasses import dataclass, field
+
+from adp_gateway.errors import ConfigError, GatewayError
+from adp_gateway.protocol import TENANT_BYTES_MAX, Hello
+
+
+class AccessDenied(GatewayError):
+    """A client may not connect as the tenant it named; the message says why."""
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    name: str = field(metadata={"help": "the tenant name clients send (adapter_params.tenant)"})
+    uids: list[int] = field(default_factory=list, metadata={"help": "Unix users admitted"})
+    gids: list[int] = field(default_factory=list, metadata={"help": "Unix groups admitted"})
+    token_file: str | None = field(
+        default=None, metadata={"help": "file holding a secret the client must also present"}
+    )
+    quota: int | None = field(
+        default=None, metadata={"size": True, "help": "disk space this tenant may fill"}
+    )
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} uid {self.uid} gid {self.gid}"
+
+
+class Tenants:
+    def __init__(self, tenants: list[TenantConfig]) -> None:
+        check_tenants(tenants)
+        self._tenants = {t.name: t for t in tenants}
+        self._tokens = {t.name: read_token(t.token_file) for t in tenants if t.token_file}
+
+    @property
+    def open_mode(self) -> bool:
+        return not self._tenants
+
+    def admit(self, hello: Hello, peer: Peer) -> None:
+        """Raise AccessDenied unless ``peer`` may connect as ``hello.tenant``."""
+        if self.open_mode:
+            return
+        tenant = self._tenants.get(hello.tenant)
+        if tenant is None:
+            raise AccessDenied(
+                f"tenant {hello.tenant!r} is not declared in the gateway config "
+                f"(declared: {', '.join(sorted(self._tenants))})"
+            )
+        if (tenant.uids or tenant.gids) and not (
+            peer.uid in tenant.uids or peer.gid in tenant.gids
+        ):
+            raise AccessDenied(
+                f"uid {peer.uid} gid {peer.gid} may not connect as tenant {hello.tenant!r}: "
+                "add the uid or gid to the tenant's `uids` or `gids`"
+            )
+        expected = self._tokens.get(hello.tenant)
+        if expected is not None and not hmac.compare_digest(
+            (hello.token or "").encode(), expected.encode()
+        ):
+            raise AccessDenied(
+                f"wrong or missing token for tenant {hello.tenant!r}: set the plugin's "
+                "adapter_params.token_file to a copy of the tenant's token file"
+            )
+
+
+def check_tenants(tenants: list[TenantConfig]) -> None:
+    """Refuse tenant declarations that would admit anybody or cannot be told apart."""
+    seen: set[str] = set()
+    for tenant in tenants:
+        where = f"tenants: {tenant.name!r}"
+        if not 0 < len(tenant.name.encode()) <= TENANT_BYTES_MAX:
+            raise ConfigError(f"tenants: a name must be 1..{TENANT_BYTES_MAX} bytes")
+        if tenant.name in seen:
+            raise ConfigError(f"{where} is declared twice")
+        seen.add(tenant.name)
+        if not (tenant.uids or tenant.gids or tenant.token_file):
+            raise ConfigError(
+                f"{where} would admit anybody: give it `uids`, `gids` or a `token_file`"
+            )
+        if tenant.quota is not None and tenant.quota <= 0:
+            raise ConfigError(f"{where}: quota must be positive")
+
+
+def read_token(path: str) -> str:
+    """A token file's secret: one line, readable by its owner (and group) only."""
+    try:
+        mode = os.stat(path).st_mode
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from exc
+    if mode & stat.S_IROTH:
+        raise ConfigError(f"token file {path} is readable by every user: chmod o-r {path}")
+    if not token:
+        raise ConfigError(f"token file {path} is empty: write a secret in it")
+    return token

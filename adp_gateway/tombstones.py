@@ -1,0 +1,71 @@
+"""Tombstones that must outlive their region, so a deleted or overwritten version never returns.
+
+A delete (or an overwrite) appends a tombstone: "every version of this key older than seq is
+dead". The dead version's records stay on disk until their own regions are reclaimed, and
+eviction reclaims regions in any order. If the tombstone's region went first, a restart would
+find the old version complete and bring it back. So when a region holding a tombstone is
+reclaimed while some record it shadows is still on disk, the tombstone is carried: rewritten at
+the start of the region's next filling (backends/regionlog.py). Only the newest tombstone
+of a key is kept; it shadows everything older.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from adp_gateway.backends.regionlog import Location
+from adp_gateway.format import Kind, RecordHeader
+
+ObjectId = tuple[str, str]  # (tenant, key)
+
+
+@dataclass
+class _Tombstone:
+    seq: int
+    database: int
+    region: int
+    shadowed: tuple[Location, ...]
+
+
+class Tombstones:
+    """Not thread-safe: the store calls it under its own lock."""
+
+    def __init__(self) -> None:
+        self._by_object: dict[ObjectId, _Tombstone] = {}
+        self._by_region: dict[tuple[int, int], set[ObjectId]] = defaultdict(set)
+
+    def __len__(self) -> int:
+        return len(self._by_object)
+
+    def add(
+        self, object_id: ObjectId, seq: int, at: Location, shadowed: Iterable[Location]
+    ) -> None:
+        old = self._by_object.get(object_id)
+        if old is not None:
+            if old.seq > seq:
+                return
+            shadowed = (*old.shadowed, *shadowed)
+            self._by_region[(old.database, old.region)].discard(object_id)
+        self._by_object[object_id] = _Tombstone(seq, at.database, at.region, tuple(shadowed))
+        self._by_region[(at.database, at.region)].add(object_id)
+
+    def carry(
+        self, database: int, region: int, is_current: Callable[[Location], bool]
+    ) -> list[RecordHeader]:
+        """The tombstones of a region being reclaimed that still shadow records elsewhere."""
+        carried = []
+        for object_id in self._by_region.pop((database, region), set()):
+            tombstone = self._by_object[object_id]
+            tombstone.shadowed = tuple(
+                loc
+                for loc in tombstone.shadowed
+                if is_current(loc) and (loc.database, loc.region) != (database, region)
+            )
+            if not tombstone.shadowed:
+                del self._by_object[object_id]
+                continue
+            self._by_region[(database, region)].add(object_id)  # it stays: rewritten in place
+            carried.append(RecordHeader(Kind.TOMBSTONE, tombstone.seq, *object_id, 0))
+        return carried
