@@ -56,7 +56,7 @@ def _row(label: str, result: dict[str, Any], floor_s: float) -> str:
         return f"| {label} | failed: {result['failed'][-150:].replace('|', '/')} | | | | | | |"
     store, restore = result["store"], result["restore"]
     if result.get("zero_copy_ops"):
-        label += f"; {result['zero_copy_ops']} stores + loads zero-copy"
+        label += f"; {result['zero_copy_ops']} stores zero-copy"
     equal = restore["ok"] and restore["digest_matches_store"]
     settle = store["l2_settle_after_store_s"]
     return (

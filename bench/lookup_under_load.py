@@ -165,7 +165,7 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
     sockdir = short_tmpdir()
     try:
         if name == "lmcache_adp":
-            capacity = f"{args.prompt_mib * (args.prompts + 4)}MiB"
+            capacity = f"{max(1024, args.prompt_mib * (args.prompts + 4))}MiB"
             gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
             error = gateways.start(gateway, module=True)
             if error is not None:

@@ -11,8 +11,9 @@ from typing import Any
 
 def machine(directory: Path) -> dict[str, Any]:
     """What the numbers depend on: the code, the CPUs and how busy they were, the filesystem."""
-    commit = _git("rev-parse", "--short", "HEAD")
-    if _git("status", "--porcelain", "--untracked-files=no"):
+    # A copy of the tree without its .git (the GPU host's) names its commit in ADP_COMMIT.
+    commit = os.environ.get("ADP_COMMIT") or _git("rev-parse", "--short", "HEAD")
+    if not os.environ.get("ADP_COMMIT") and _git("status", "--porcelain", "--untracked-files=no"):
         commit += " (with uncommitted changes)"
     return {
         "commit": commit,

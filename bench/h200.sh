@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU host's benchmarks in one call, on this checkout (the device gets a copy of the working
+# tree): the disk's floor (bench/floor.py with a carried static fio), L1-hit lookups while the same
+# server writes through (bench/lookup_under_load.py, GPU mode, 1 GiB prompts), and the 8.6 GB
+# long restore (bench/long_restore.py: ours on the default path, ours with L1 in shared memory on
+# the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved.
+# Staging, on the CPU host from the repository root (bench/gpu_restore.sh's header has the wheel
+# list; ../shared/device/README.md why the shim):
+#   .whl/   the cp312 wheels of lmcache 0.5.6 and its dependencies, msgpack, xxhash, tenacity,
+#           prometheus-client (no wheel of ours: the checkout is on PYTHONPATH)
+#   .stage/ a copy of ../shared/device (libc10_nie_shim.so, c10_nie_shim.cpp)
+#   .fio/   bash bench/build_fio.sh
+# A dry run on the CPU host: NO_INSTALL=1 MODE=cpu PY=python GB=0.2 LOOKUP_MIB=64 bash bench/h200.sh
+# One call:
+#   run(command="STEPS='floor lookup restore' ROUNDS=1 ADP_COMMIT=$(git rev-parse --short HEAD) \
+#       bash bench/h200.sh", carry=[".whl", ".stage", ".fio"], timeout_s=600)
+# Each step stops short of BUDGET_S (default 560 s) since the call began, so what ran comes back.
+# Results in $OUT: floor-h200.*, lookup_under_load-h200.*, long_restore-h200-rN.*, run_stdout.txt.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run_stdout.txt") 2>&1
+REPO=$PWD; PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; BUDGET_S=${BUDGET_S:-560}
+STEPS=${STEPS:-floor lookup restore}; ROUNDS=${ROUNDS:-1}; FIRST_ROUND=${FIRST_ROUND:-1}
+export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 ADP_COMMIT=${ADP_COMMIT:-}
+T0=$(date +%s); ts() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+
+ts "== environment, commit ${ADP_COMMIT:-unknown}"
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; $PY -V; nproc; } 2>&1
+[ -n "${NO_INSTALL:-}" ] || [ -d "$SITE/lmcache" ] || $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --target "$SITE" .whl/*.whl || { echo PIP_FAIL; exit 1; }
+export PYTHONPATH=$REPO:$SITE
+[ -x .fio/fio ] && export PATH=$REPO/.fio:$PATH
+SHIM=$REPO/.stage/libc10_nie_shim.so
+if [ "${MODE:-gpu}" = gpu ] && ! LMC_C10_SHIM=$SHIM $PY -c "import torch, ctypes, os; ctypes.CDLL(os.environ['LMC_C10_SHIM'], mode=ctypes.RTLD_GLOBAL); import lmcache.cuda_ops" 2>/dev/null; then
+  TI=$($PY -c "import torch,os;print(os.path.join(os.path.dirname(torch.__file__),'include'))")
+  g++ -shared -fPIC -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -I"$TI" .stage/c10_nie_shim.cpp \
+    -L"$(dirname "$TI")/lib" -lc10 -o /tmp/libc10_nie_shim.so && SHIM=/tmp/libc10_nie_shim.so
+fi
+[ "${MODE:-gpu}" = gpu ] && export LMC_C10_SHIM=$SHIM
+BIN=/tmp/lmcbin; mkdir -p $BIN  # `lmcache` that loads the shim (bench/gpu_lmc.py)
+printf '#!/bin/sh\nexport PYTHONPATH=%s:"$PYTHONPATH"\nexec %s %s "$@"\n' "$PYTHONPATH" \
+  "$($PY -c 'import sys; print(sys.executable)')" "$REPO/bench/gpu_lmc.py" > $BIN/lmcache
+chmod +x $BIN/lmcache
+
+D=""  # a directory on a real disk that takes O_DIRECT
+for d in ${DATA_DIRS:-/tmp /var/tmp /root}; do
+  if [ "$(stat -f -c %T "$d" 2>/dev/null)" != tmpfs ] &&
+    dd if=/dev/zero of="$d/.odt" bs=1M count=4 oflag=direct status=none 2>/dev/null; then
+    D=$d/adp-h200; rm -f "$d/.odt"; break
+  fi
+  rm -f "$d/.odt"
+done
+[ -z "$D" ] && { echo "no directory takes O_DIRECT"; exit 1; }
+rm -rf "$D"; mkdir -p "$D" "$OUT/logs"; ts "data dir $D: $(df -h "$D" | tail -1)"
+
+for step in $STEPS; do
+  case $step in
+    floor)
+      ts "== floor ($(fio --version 2>/dev/null || echo 'no fio'))"
+      timeout $(( $(left) - 5 )) $PY -m bench.floor --dir "$D/floor" --file-gib "${FLOOR_GIB:-4}" \
+        --sizes-kb "${FLOOR_SIZES_KB:-4096}" --out "$OUT/floor-h200"; echo "floor rc=$?"
+      rm -rf "$D/floor" ;;
+    lookup)
+      ts "== lookup_under_load, GPU mode, ${LOOKUP_MIB:-1024} MiB prompts"
+      timeout $(( $(left) - 5 )) $PY -m bench.lookup_under_load --dir "$D/lookup" --mode "${MODE:-gpu}" \
+        --prompt-mib "${LOOKUP_MIB:-1024}" --prompts "${LOOKUP_PROMPTS:-4}" \
+        --rounds "${LOOKUP_ROUNDS:-3}" --lmcache-bin $BIN --logs "$OUT/logs/lookup" \
+        --out "$OUT/lookup_under_load-h200"; echo "lookup rc=$?"
+      rm -rf "$D/lookup" ;;
+    restore)
+      for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
+        [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }
+        ts "== long_restore round $r, ${GB:-8.6} GB"
+        timeout $(( $(left) - 5 )) $PY -m bench.long_restore --dir "$D/restore" --gb "${GB:-8.6}" \
+          --mode "${MODE:-gpu}" --lmcache-bin $BIN --out "$OUT/long_restore-h200-r$r" \
+          --logs "$OUT/logs/restore-r$r" ${RESTORE_ARGS:---shm-name adp-h200-l1}
+        echo "long_restore round $r rc=$?"; rm -rf "$D/restore"
+      done ;;
+  esac
+done
+tar -czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"
+rm -rf "$D"; ts "== done"
