@@ -11,7 +11,7 @@ as LMCache waits).
 Inside the gateway (in this process): the gateway's own Store (adp_gateway.service.Gateway, not
 listening) holding ``--index-entries`` objects, and a session's shared memory. A sample is what
 adp_gateway/session.py does for one EXISTS batch: take the submissions from the ring, check each,
-decode its keys (adp_gateway.protocol.decode_keys on the arena's bytes), check the deadline,
+decode its keys (adp_wire.protocol.decode_keys on the arena's bytes), check the deadline,
 Store.exists, count, write the per-key results into the arena and push the completion and ring
 the completion eventfd. The keys are split into ring requests the way the plugin splits them
 (at most RUN_BYTES_MAX bytes of keys each), so a 1,000-key batch is the requests the gateway
@@ -38,17 +38,17 @@ from typing import Any
 import numpy as np
 
 from adp_gateway import config as gateway_config
-from adp_gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, decode_keys
-from adp_gateway.protocol import encode_keys as encode_request_keys
-from adp_gateway.ring.layout import Completion, RingLayout, Submission, align_up, create_shared
-from adp_gateway.ring.queue import (
+from adp_gateway.service import Gateway as GatewayProcess
+from adp_gateway.store import Store
+from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, decode_keys
+from adp_wire.protocol import encode_keys as encode_request_keys
+from adp_wire.ring.layout import Completion, RingLayout, Submission, align_up, create_shared
+from adp_wire.ring.queue import (
     completion_consumer,
     completion_producer,
     submission_consumer,
     submission_producer,
 )
-from adp_gateway.service import Gateway as GatewayProcess
-from adp_gateway.store import Store
 from bench import gateways, plugin
 from bench.stats import summary_us
 from lmcache_adp.lanes import RUN_BYTES_MAX

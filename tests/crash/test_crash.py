@@ -54,9 +54,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adp_gateway import fragmenter
 from adp_gateway.format import key_hash
-from adp_gateway.ring.layout import align_up
+from adp_wire import fragmenter
+from adp_wire.ring.layout import align_up
 from lmcache_adp import ADPConnector
 from tests.crash.model import (
     ABSENT,
@@ -290,7 +290,7 @@ class Harness:
     def _budget(self) -> int:
         """Bytes the next driver may append without any eviction; -1 when eviction is fine.
 
-        Per database (the gateway's own placement, adp_gateway/fragmenter.py): a region is sealed
+        Per database (the gateway's own placement, adp_wire/fragmenter.py): a region is sealed
         with less than one record and its overhead free, and every restart leaves each
         database's open region behind. The driver counts what it appends over all databases,
         so it stays within the room of the fullest one. The DEBUG log of reclaimed regions

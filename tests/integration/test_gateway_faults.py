@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway import fragmenter
 from adp_gateway.format import key_hash
+from adp_wire import fragmenter
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, wait_for_future, wait_until
 from tests.unit.test_connector import connected

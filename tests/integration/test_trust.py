@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.errors import UnsupportedHost
-from adp_gateway.ring.queue import check_host
+from adp_wire.ring.queue import check_host
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, Process, wait_for_future, wait_until
 from tests.unit.test_connector import connected

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway.ring.layout import align_up
+from adp_wire.ring.layout import align_up
 from lmcache_adp import ADPConnector
 from tests.integration.test_gateway_faults import FaultyGateway, objects
 from tests.integration.test_mp_server import store_then_load_from_l2

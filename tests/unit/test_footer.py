@@ -11,7 +11,6 @@ import pytest
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.backends.regionlog import RegionLog
 from adp_gateway.backends.regionscan import RegionReader, first_header
-from adp_gateway.checksum import checksum
 from adp_gateway.footer import (
     TRAILER_BYTES,
     Trailer,
@@ -21,6 +20,7 @@ from adp_gateway.footer import (
     unpack_footer,
 )
 from adp_gateway.format import Kind, RecordHeader, unpack_superblock
+from adp_wire.checksum import checksum
 from tests.unit.storage_helpers import REGION, extent, payload
 
 SEED = 0x5EED

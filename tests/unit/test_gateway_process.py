@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.protocol import Hello, hello_body, parse_welcome, recv_frame, send_frame
-from adp_gateway.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
+from adp_wire.protocol import Hello, hello_body, parse_welcome, recv_frame, send_frame
+from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, wait_for_future, wait_until
 from tests.unit.test_connector import connected, objects, views

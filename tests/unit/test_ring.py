@@ -12,7 +12,7 @@ import time
 import pytest
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.ring.layout import (
+from adp_wire.ring.layout import (
     PAGE_BYTES,
     SQ_HEAD,
     SQ_TAIL,
@@ -21,7 +21,7 @@ from adp_gateway.ring.layout import (
     create_shared,
     map_shared,
 )
-from adp_gateway.ring.queue import (
+from adp_wire.ring.queue import (
     completion_consumer,
     completion_producer,
     submission_consumer,
