@@ -349,7 +349,7 @@ class Session:
             submission.deadline_ns,
             data_bytes,
             run,
-            lambda status: self.complete(submission, Status(status)),
+            lambda status: self.complete(submission, status),
             databases,
         )
         if not self._scheduler.submit(task):

@@ -29,7 +29,7 @@ from adp_gateway.format import RECORD_MAGIC, Kind, unpack_header, unpack_superbl
 from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected, objects, views
+from tests.support.plugin import connected, objects, views
 
 pytestmark = pytest.mark.integration
 

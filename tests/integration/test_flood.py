@@ -22,7 +22,7 @@ from adp_gateway.service import HANDSHAKES_MAX
 from adp_wire.protocol import Hello, hello_body, send_frame
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support.plugin import connected
 
 pytestmark = pytest.mark.integration
 MAX_SESSIONS = 8

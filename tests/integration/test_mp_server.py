@@ -16,46 +16,10 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.status import ask
-from tests.support import Gateway, LMCacheServer, wait_until
+from tests.support import Gateway, LMCacheServer, mp_client, store_then_load_from_l2, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
-
-
-def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.integration.mp_client",
-            "--port",
-            str(server.port),
-            "--http-port",
-            str(server.http_port),
-            "--timeout",
-            "20",
-            "--deadline",
-            "90",
-            action,
-            "--seed",
-            str(seed),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    print(result.stdout[-3000:], result.stderr[-1500:])
-    return result.returncode
-
-
-def store_then_load_from_l2(server: LMCacheServer, seed: int, chunks: str = "2") -> None:
-    """Store chunks, wait for their L2 writes, empty L1, and check they come back from L2."""
-    assert mp_client(server, "store", seed, "--chunks", chunks) == 0
-    wait_until(server.l2_settled, 60, "the L2 stores to finish")
-    server.clear_l1()
-    assert mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0
 
 
 def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
@@ -103,7 +67,7 @@ def test_gateway_killed_or_hung_during_traffic_never_stalls_lmcache(
         [
             sys.executable,
             "-m",
-            "tests.integration.mp_client",
+            "tests.support.mp_client",
             "--port",
             str(server.port),
             "--timeout",

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_mp_server import mp_client
-from tests.support import ROOT, LMCacheServer, wait_until
+from tests.support import ROOT, LMCacheServer, mp_client, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.integration.test_mp_server import mp_client
-from tests.support import Gateway, LMCacheServer, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support import Gateway, LMCacheServer, mp_client, wait_for_future, wait_until
+from tests.support.plugin import connected
 
 pytestmark = pytest.mark.integration
 OBJECT_BYTES = 256 * 2**10

@@ -21,7 +21,7 @@ from adp_gateway.footer import (
 )
 from adp_gateway.format import Kind, RecordHeader, unpack_superblock
 from adp_wire.checksum import checksum
-from tests.unit.storage_helpers import REGION, extent, payload
+from tests.support.storage import REGION, extent, payload
 
 SEED = 0x5EED
 HEADER = RecordHeader(Kind.DATA, 7, "t", "k", 5000, 0, 5000, payload_checksum=99, epoch=3)

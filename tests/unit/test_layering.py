@@ -122,3 +122,19 @@ def test_the_contract_layers_import_downward_only() -> None:
 
 def test_the_gateway_layers_import_downward_only() -> None:
     check_layers("adp_gateway", GATEWAY_LAYERS)
+
+
+def test_test_modules_import_only_shared_helpers_of_tests() -> None:
+    """No test module imports another (nor a helper inside another test folder): whatever two
+    of them share lives in tests/support, which imports no test module either."""
+    for name, path in modules("tests"):
+        used = {n for n in imports_of(path) if n.split(".")[0] == "tests"}
+        outside = {n for n in used if n != "tests" and not n.startswith("tests.support")}
+        assert not outside, f"{name} imports {sorted(outside)}: move what it needs to tests/support"
+
+
+def test_bench_imports_only_product_code_and_test_support() -> None:
+    for name, path in modules("bench"):
+        used = {n for n in imports_of(path) if n.split(".")[0] == "tests"}
+        outside = {n for n in used if n != "tests" and not n.startswith("tests.support")}
+        assert not outside, f"{name} imports {sorted(outside)}: only tests.support is shared"

@@ -17,7 +17,7 @@ from adp_gateway.session import Session
 from adp_wire.protocol import Op, Status, encode_keys
 from adp_wire.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
 from adp_wire.ring.queue import completion_consumer
-from tests.unit.storage_helpers import REGION, open_store
+from tests.support.storage import REGION, open_store
 
 LAYOUT = RingLayout(slots=4, arena_bytes=64 * 2**10, window_bytes=8 * PAGE_BYTES)
 FAR = 2**63

@@ -17,7 +17,7 @@ from adp_gateway.errors import ConfigError
 from adp_gateway.store import Store
 from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from adp_wire.protocol import Hello
-from tests.unit.storage_helpers import REGION, extent, open_store, payload
+from tests.support.storage import REGION, extent, open_store, payload
 
 ROOT_PEER = Peer(100, 0, 0)
 USER_PEER = Peer(101, 1000, 1000)

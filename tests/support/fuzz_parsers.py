@@ -3,7 +3,7 @@
 One module, two drivers. tests/fuzz/test_properties.py draws each target's input with
 hypothesis; ``main`` lets atheris (libFuzzer, coverage guided) draw it from its byte strings::
 
-    python -m tests.fuzz.fuzz_parsers -atheris_runs=100000 -seed=1
+    python -m tests.support.fuzz_parsers -atheris_runs=100000 -seed=1
 
 A target draws its input through a ``Source`` (a few primitive draws that either driver can
 answer), runs the parser and checks what came back. What must hold, for every input:
