@@ -281,7 +281,7 @@ def session_resources(gateway: Gateway) -> tuple[int, int]:
     return len(os.listdir(f"/proc/{pid}/fd")), maps.count("memfd:adp-session")
 
 
-def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
+def run_mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
     """Run tests/support/mp_client.py (LMCache's MP client) against ``server``: its exit code."""
     result = subprocess.run(
         [
@@ -312,7 +312,7 @@ def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int
 
 def store_then_load_from_l2(server: LMCacheServer, seed: int, chunks: str = "2") -> None:
     """Store chunks, wait for their L2 writes, empty L1, and check they come back from L2."""
-    assert mp_client(server, "store", seed, "--chunks", chunks) == 0
+    assert run_mp_client(server, "store", seed, "--chunks", chunks) == 0
     wait_until(server.l2_settled, 60, "the L2 stores to finish")
     server.clear_l1()
-    assert mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0
+    assert run_mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0

@@ -138,3 +138,19 @@ def test_bench_imports_only_product_code_and_test_support() -> None:
         used = {n for n in imports_of(path) if n.split(".")[0] == "tests"}
         outside = {n for n in used if n != "tests" and not n.startswith("tests.support")}
         assert not outside, f"{name} imports {sorted(outside)}: only tests.support is shared"
+
+
+def test_no_name_in_tests_support_hides_one_of_its_modules() -> None:
+    """``import tests.support.X`` sets the attribute X of tests.support to the module, so a
+    function or class of the same name in tests/support/__init__.py would be replaced by it as
+    soon as any test imports that module (and ``from tests.support import X`` would then give
+    the module instead)."""
+    init = ROOT / "tests/support/__init__.py"
+    defined = set()
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    submodules = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
+    assert not defined & submodules, f"rename {sorted(defined & submodules)} in tests/support"
