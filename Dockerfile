@@ -53,11 +53,12 @@ COPY pyproject.toml /tmp/project/
 RUN /opt/venv/bin/python -c 'import tomllib; print(*tomllib.load(open("/tmp/project/pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' > /tmp/requirements.txt \
  && /opt/venv/bin/pip install --constraint /opt/venv/constraints.txt --requirement /tmp/requirements.txt
 COPY README.md plugin_manifest.yaml /tmp/project/
+COPY adp_wire /tmp/project/adp_wire
 COPY lmcache_adp /tmp/project/lmcache_adp
 COPY adp_gateway /tmp/project/adp_gateway
 # setuptools came with torch: no build environment to fetch.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /tmp/project \
- && /opt/venv/bin/python -c 'import adp_gateway, lmcache_adp'
+ && /opt/venv/bin/python -c 'import adp_wire, adp_gateway, lmcache_adp'
 
 FROM ${BASE_IMAGE}
 ARG ADP_UID=10001

@@ -117,7 +117,7 @@ def serve_until_stopped(
     args: argparse.Namespace, wrap_device: Callable[[Device], Device] | None = None
 ) -> int:
     """``adp-gateway serve``: run until SIGTERM or SIGINT. ``wrap_device`` wraps each
-    database's device (tests/integration/faulty_gateway.py injects faults with it)."""
+    database's device (tests/support/faulty_gateway.py injects faults with it)."""
     from adp_gateway.service import Gateway  # imported late: `--help` stays fast
 
     overrides = {

@@ -30,12 +30,12 @@ from adp_gateway.backends.regionscan import (
     walk,
     write_footer,
 )
-from adp_gateway.checksum import checksum
 from adp_gateway.errors import StartupError
 from adp_gateway.footer import row_of
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
-from adp_gateway.units import format_size
+from adp_wire.checksum import checksum
+from adp_wire.ring.layout import PAGE_BYTES, align_up
+from adp_wire.units import format_size
 
 
 @dataclass

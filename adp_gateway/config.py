@@ -15,10 +15,10 @@ import yaml
 
 from adp_gateway import fields
 from adp_gateway.errors import ConfigError, StartupError
-from adp_gateway.protocol import default_socket_path
-from adp_gateway.ring.layout import PAGE_BYTES
 from adp_gateway.tenants import TenantConfig, check_tenants
-from adp_gateway.units import format_size
+from adp_wire.protocol import default_socket_path
+from adp_wire.ring.layout import PAGE_BYTES
+from adp_wire.units import format_size
 
 AUTO_CAPACITY_BYTES_MAX = 64 * 2**30
 RECORD_OVERHEAD_BYTES_MAX = 16 * 2**10  # header, footer entry (names up to 4 KiB), trailer

@@ -1,4 +1,5 @@
-"""The gateway's one exception tree. Every error carries a hint on how to fix it.
+"""The gateway's one exception tree: the errors it shares with the plugin (adp_wire/errors.py,
+re-exported here) and its own. Every error carries a hint on how to fix it.
 
 ::
 
@@ -14,32 +15,28 @@
 
 from __future__ import annotations
 
+from adp_wire.errors import (
+    ConfigError,
+    GatewayError,
+    HandshakeRefused,
+    ProtocolError,
+    UnsupportedHost,
+    UntrustedGateway,
+)
 
-class GatewayError(Exception):
-    """Base class: ``str(error)`` is one line naming what is wrong and how to fix it."""
-
-
-class ConfigError(GatewayError):
-    pass
+__all__ = [
+    "ConfigError",
+    "GatewayError",
+    "HandshakeRefused",
+    "ProtocolError",
+    "StartupError",
+    "StorageError",
+    "UnsupportedHost",
+    "UntrustedGateway",
+]
 
 
 class StartupError(GatewayError):
-    pass
-
-
-class ProtocolError(GatewayError):
-    pass
-
-
-class HandshakeRefused(GatewayError):
-    pass
-
-
-class UntrustedGateway(GatewayError):
-    pass
-
-
-class UnsupportedHost(GatewayError):
     pass
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from adp_gateway.errors import ConfigError
-from adp_gateway.units import parse_size
+from adp_wire.units import parse_size
 
 T = TypeVar("T")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from adp_gateway.checksum import checksum
 from adp_gateway.format import HEADER_BYTES, RecordHeader
+from adp_wire.checksum import checksum
 
 TRAILER_MAGIC = b"ADPFOOT1"
 FOOTER_VERSION = 1

@@ -19,8 +19,8 @@ from enum import IntEnum
 
 import xxhash
 
-from adp_gateway.checksum import checksum
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire.checksum import checksum
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 RECORD_MAGIC = b"ADPFRAG1"
 FORMAT_VERSION = 1

@@ -16,7 +16,7 @@ import os
 import stat
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 
 class L1Segment:

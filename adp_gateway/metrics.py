@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from adp_gateway.errors import ConfigError
-from adp_gateway.protocol import Op, Status
+from adp_wire.protocol import Op, Status
 
 log = logging.getLogger(__name__)
 OP_NAMES = {Op.EXISTS: "lookup", Op.GET: "load", Op.SET: "store", Op.DELETE: "delete"}

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from adp_wire.protocol import Status
+
 
 class Priority(IntEnum):
     LOAD = 0
@@ -46,7 +48,7 @@ class Task:
     deadline_ns: int
     data_bytes: int
     run: Callable[[], None] = field(repr=False)  # does the work and completes the op
-    cancel: Callable[[int], None] = field(repr=False)  # completes the op with this Status
+    cancel: Callable[[Status], None] = field(repr=False)  # completes the op with this status
     databases: frozenset[int] = frozenset()  # what its I/O touches
     # Of its bytes, those counted against store_inflight_max now (while a store writes).
     writing_bytes: int = field(default=0, init=False, repr=False)

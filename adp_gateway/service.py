@@ -32,7 +32,11 @@ from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError, St
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
-from adp_gateway.protocol import (
+from adp_gateway.scheduler import Scheduler
+from adp_gateway.session import Session
+from adp_gateway.store import Store
+from adp_gateway.tenants import Peer, Tenants
+from adp_wire.protocol import (
     Hello,
     Status,
     is_status_request,
@@ -41,13 +45,9 @@ from adp_gateway.protocol import (
     send_frame,
     welcome_body,
 )
-from adp_gateway.ring.layout import RingLayout
-from adp_gateway.ring.queue import check_host
-from adp_gateway.scheduler import Scheduler
-from adp_gateway.session import Session
-from adp_gateway.store import Store
-from adp_gateway.tenants import Peer, Tenants
-from adp_gateway.units import format_size
+from adp_wire.ring.layout import RingLayout
+from adp_wire.ring.queue import check_host
+from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.1

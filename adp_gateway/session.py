@@ -30,7 +30,9 @@ from collections.abc import Callable, Iterator
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import Metrics
-from adp_gateway.protocol import (
+from adp_gateway.scheduler import Priority, Scheduler, Task
+from adp_gateway.store import Store
+from adp_wire.protocol import (
     CHECKSUM_BYTES,
     KEYS_PER_REQUEST_MAX,
     Op,
@@ -40,7 +42,7 @@ from adp_gateway.protocol import (
     decode_keys,
     unpack_checksums,
 )
-from adp_gateway.ring.layout import (
+from adp_wire.ring.layout import (
     FLAG_L1,
     PAGE_BYTES,
     Completion,
@@ -49,10 +51,8 @@ from adp_gateway.ring.layout import (
     align_up,
     create_shared,
 )
-from adp_gateway.ring.queue import completion_producer, submission_consumer
-from adp_gateway.scheduler import Priority, Scheduler, Task
-from adp_gateway.store import Store
-from adp_gateway.units import format_size
+from adp_wire.ring.queue import completion_producer, submission_consumer
+from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
@@ -349,7 +349,7 @@ class Session:
             submission.deadline_ns,
             data_bytes,
             run,
-            lambda status: self.complete(submission, Status(status)),
+            lambda status: self.complete(submission, status),
             databases,
         )
         if not self._scheduler.submit(task):

@@ -10,8 +10,8 @@ import socket
 from typing import Any
 
 from adp_gateway.errors import HandshakeRefused, StartupError
-from adp_gateway.protocol import recv_frame, send_frame, status_request
-from adp_gateway.units import format_size
+from adp_wire.protocol import recv_frame, send_frame, status_request
+from adp_wire.units import format_size
 
 TIMEOUT_S = 5.0
 

@@ -27,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from adp_gateway import fragmenter
 from adp_gateway.backends.regionlog import Location, RegionLog
-from adp_gateway.checksum import checksum
 from adp_gateway.errors import StorageError
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, key_hash
 from adp_gateway.index import Index, Manifest, ObjectId
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
 from adp_gateway.tombstones import Tombstones
+from adp_wire import fragmenter
+from adp_wire.checksum import checksum
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

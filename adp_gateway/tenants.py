@@ -14,12 +14,11 @@ share the regions nobody's quota reserves, and evict each other's objects in LRU
 from __future__ import annotations
 
 import hmac
-import os
-import stat
 from dataclasses import dataclass, field
 
 from adp_gateway.errors import ConfigError, GatewayError
-from adp_gateway.protocol import TENANT_BYTES_MAX, Hello
+from adp_wire.protocol import TENANT_BYTES_MAX, Hello
+from adp_wire.tokens import read_token
 
 
 class AccessDenied(GatewayError):
@@ -102,18 +101,3 @@ def check_tenants(tenants: list[TenantConfig]) -> None:
             )
         if tenant.quota is not None and tenant.quota <= 0:
             raise ConfigError(f"{where}: quota must be positive")
-
-
-def read_token(path: str) -> str:
-    """A token file's secret: one line, readable by its owner (and group) only."""
-    try:
-        mode = os.stat(path).st_mode
-        with open(path) as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from exc
-    if mode & stat.S_IROTH:
-        raise ConfigError(f"token file {path} is readable by every user: chmod o-r {path}")
-    if not token:
-        raise ConfigError(f"token file {path} is empty: write a secret in it")
-    return token

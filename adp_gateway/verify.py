@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adp_gateway.errors import StartupError
-from adp_gateway.units import format_size
+from adp_wire.units import format_size
 
 BLOCK_TOKENS = 16
 LAYERS, KV_HEADS, HEAD_DIM = 8, 8, 128

@@ -38,16 +38,16 @@ from typing import Any
 import numpy as np
 
 from adp_gateway import config as gateway_config
-from adp_gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status
-from adp_gateway.protocol import encode_keys as encode_request_keys
-from adp_gateway.ring.layout import Completion, RingLayout, Submission, align_up, map_shared
-from adp_gateway.ring.queue import (
-    completion_consumer,
-    submission_producer,
-)
 from adp_gateway.service import Gateway as GatewayProcess
 from adp_gateway.session import Session
 from adp_gateway.store import Store
+from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status
+from adp_wire.protocol import encode_keys as encode_request_keys
+from adp_wire.ring.layout import Completion, RingLayout, Submission, align_up, map_shared
+from adp_wire.ring.queue import (
+    completion_consumer,
+    submission_producer,
+)
 from bench import gateways, plugin
 from bench.stats import summary_us
 from lmcache_adp.lanes import RUN_BYTES_MAX

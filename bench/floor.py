@@ -40,10 +40,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from adp_gateway import fragmenter
 from adp_gateway.config import GatewayConfig
 from adp_gateway.format import HEADER_BYTES
-from adp_gateway.ring.layout import align_up
+from adp_wire import fragmenter
+from adp_wire.ring.layout import align_up
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_FIO = ROOT / ".fio" / "fio"  # a static build carried to hosts without fio (bench/README.md)

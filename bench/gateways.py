@@ -16,7 +16,7 @@ import yaml
 
 from adp_gateway.config import GatewayConfig
 from adp_gateway.format import HEADER_BYTES
-from adp_gateway.ring.layout import align_up
+from adp_wire.ring.layout import align_up
 from tests.support import Gateway, wait_until
 
 START_TIMEOUT_S = 120

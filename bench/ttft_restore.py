@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.stack import E2E_BIN, ENV, HERE, Vllm
 from tests.support import Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
+from tests.support.e2e_stack import E2E_BIN, ENV, HERE, Vllm
 
 
 def main() -> int:

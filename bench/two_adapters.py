@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from bench.stats import summary_us
-from tests.compat.support import MultiAdapterServer, RedisServer, TwoAdaptersServer, client
-from tests.compat.vllm_client import BLOCK_SIZE, Client, kv_for, pack, tokens_for
 from tests.support import Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
+from tests.support.compat import MultiAdapterServer, RedisServer, TwoAdaptersServer, client
+from tests.support.vllm_client import BLOCK_SIZE, Client, kv_for, pack, tokens_for
 
 SETTINGS = ("adp_alone", "adp_and_redis", "redis_alone")
 

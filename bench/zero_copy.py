@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from adp_gateway.ring.layout import align_up
+from adp_wire.ring.layout import align_up
 from bench import gateways
 from bench.plugin import connect, object_keys, wait_connected
 from lmcache_adp import ADPConnector

@@ -6,7 +6,7 @@
 #                             [--zero-copy] [-- extra lmcache server flags]
 #
 # The gateway (adp-gateway serve) must use the same --socket (both default to the gateway's
-# default socket: /run/lmcache-adp/gateway.sock as root); it may start before or after.
+# default socket, which `python -m adp_wire socket-path` prints); it may start before or after.
 # --supported-transfer-mode auto serves both GPU (lmcache_driven) and CPU (engine_driven) clients.
 # max_capacity_gb is 0: the gateway owns capacity and eviction, which survive restarts.
 # --zero-copy puts L1 in shared memory (/dev/shm/lmcache_l1_pool_adp-PORT, allocated whole at

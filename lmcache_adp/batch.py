@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from adp_gateway.protocol import Op
+from adp_wire.protocol import Op
 
 TOUCH_LOCK = threading.Lock()
 

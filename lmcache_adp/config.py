@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adp_gateway import fields
-from adp_gateway.protocol import default_socket_path
+from adp_gateway import fields  # moves to adp_wire.settings with the pydantic settings
+from adp_wire.protocol import default_socket_path
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class ADPParams:
         default=None,
         metadata={
             "help": "Unix socket of the gateway (adp-gateway serve --socket); null: the "
-            "gateway's default (adp_gateway.protocol.default_socket_path)"
+            "gateway's default (adp_wire.protocol.default_socket_path)"
         },
     )
     gateway_uids: list[int] | None = field(

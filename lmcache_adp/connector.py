@@ -31,9 +31,9 @@ import time
 
 from tenacity import Retrying, retry_if_result, stop_when_event_set, wait_random_exponential
 
-from adp_gateway.errors import GatewayError, HandshakeRefused, UnsupportedHost, UntrustedGateway
-from adp_gateway.protocol import Hello, Op
-from adp_gateway.tenants import read_token
+from adp_wire.errors import GatewayError, HandshakeRefused, UnsupportedHost, UntrustedGateway
+from adp_wire.protocol import Hello, Op
+from adp_wire.tokens import read_token
 from lmcache_adp import config, l1, trust
 from lmcache_adp.batch import Batch
 from lmcache_adp.ioloop import IOLoop, Shared

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from adp_gateway import fragmenter
-from adp_gateway.checksum import checksum
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire import fragmenter
+from adp_wire.checksum import checksum
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 from lmcache_adp.logs import log
 
 COPY_SLICE_BYTES_MIN = 4 * 2**20  # a copy is split over threads in slices of at least this

@@ -25,10 +25,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from adp_gateway import fragmenter
-from adp_gateway.errors import GatewayError
-from adp_gateway.protocol import CHECKSUM_BYTES, Op, Status, checksums_at, pack_checksums
-from adp_gateway.ring.layout import PAGE_BYTES, Completion
+from adp_wire import fragmenter
+from adp_wire.errors import GatewayError
+from adp_wire.protocol import CHECKSUM_BYTES, Op, Status, checksums_at, pack_checksums
+from adp_wire.ring.layout import PAGE_BYTES, Completion
 from lmcache_adp import config
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue

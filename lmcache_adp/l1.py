@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adp_gateway.ring.layout import PAGE_BYTES
+from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp.logs import log
 
 SEGMENT_PREFIX = "/dev/shm/lmcache_l1_pool_"

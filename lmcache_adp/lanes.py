@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Iterator
 from enum import IntEnum
 
-from adp_gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome, encode_keys
-from adp_gateway.units import format_size
+from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome, encode_keys
+from adp_wire.units import format_size
 from lmcache_adp.batch import Batch
 from lmcache_adp.config import ADPParams
 from lmcache_adp.link import Request

@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from adp_gateway.errors import ProtocolError
-from adp_gateway.protocol import (
+from adp_wire.errors import ProtocolError
+from adp_wire.protocol import (
     Hello,
     Op,
     Welcome,
@@ -26,7 +26,7 @@ from adp_gateway.protocol import (
     recv_frame,
     send_frame,
 )
-from adp_gateway.ring.layout import (
+from adp_wire.ring.layout import (
     FLAG_L1,
     Completion,
     RingLayout,
@@ -34,7 +34,7 @@ from adp_gateway.ring.layout import (
     align_up,
     map_shared,
 )
-from adp_gateway.ring.queue import check_host, completion_consumer, submission_producer
+from adp_wire.ring.queue import check_host, completion_consumer, submission_producer
 from lmcache_adp import trust
 from lmcache_adp.l1 import L1Map
 from lmcache_adp.window import WindowAllocator

@@ -21,7 +21,7 @@ import socket
 import stat
 import struct
 
-from adp_gateway.errors import UntrustedGateway
+from adp_wire.errors import UntrustedGateway
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 FIX = "set the adapter's gateway_uids to the gateway's uid, or move its socket"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 
 class WindowAllocator:

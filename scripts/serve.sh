@@ -6,9 +6,8 @@
 #                    [--l1-size-gb 8] [--socket PATH] [--zero-copy]
 #
 # --capacity is what the gateway preallocates in --data-dir (8 GiB unless told otherwise).
-# --socket defaults to the gateway's own default (/run/lmcache-adp/gateway.sock as root, else
-# $XDG_RUNTIME_DIR/lmcache-adp/gateway.sock). --zero-copy keeps LMCache's L1 in shared memory,
-# and the gateway writes stores straight from it.
+# --socket defaults to the gateway's own default (`python -m adp_wire socket-path` prints it).
+# --zero-copy keeps LMCache's L1 in shared memory, and the gateway writes stores straight from it.
 #
 # It prints one line when both serve (the server answers on its port), or one line saying what
 # went wrong, and exits non-zero, if either cannot start (a second copy of the stack, a port in
@@ -29,7 +28,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 ADP_EXTRAS=${ADP_EXTRAS:-serve} source "$ROOT/scripts/setup-env.sh"
-[ -n "$SOCKET" ] || SOCKET=$(python -c 'from adp_gateway.protocol import default_socket_path as d; print(d())')
+[ -n "$SOCKET" ] || SOCKET=$(python -m adp_wire socket-path)
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/adp-serve.XXXXXX")
 
 keep() {  # show and keep a log; Ctrl-C must not end it before the processes' last lines

@@ -15,7 +15,7 @@ import stat
 import struct
 
 from adp_gateway.errors import StartupError
-from adp_gateway.units import format_size
+from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,7 @@ from adp_gateway.format import (
     pack_header,
     unpack_header,
 )
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 __all__ = ["Location", "OnReclaim", "Pools", "Progress", "RegionLog", "RegionRecords"]
 log = logging.getLogger(__name__)

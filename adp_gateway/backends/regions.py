@@ -28,7 +28,7 @@ from adp_gateway.format import (
     pack_superblock,
     unpack_superblock,
 )
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 log = logging.getLogger(__name__)
 

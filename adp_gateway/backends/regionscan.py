@@ -14,7 +14,6 @@ import mmap
 from collections.abc import Callable, Iterator
 
 from adp_gateway.backends.base import Device
-from adp_gateway.checksum import checksum
 from adp_gateway.footer import (
     TRAILER_BYTES,
     FooterRow,
@@ -25,7 +24,8 @@ from adp_gateway.footer import (
     unpack_trailer,
 )
 from adp_gateway.format import HEADER_BYTES, RECORD_MAGIC, RecordHeader, unpack_header
-from adp_gateway.ring.layout import PAGE_BYTES, align_up
+from adp_wire.checksum import checksum
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 READ_AHEAD_BYTES = 2**20
 

@@ -6,7 +6,7 @@ these tests are `slow`; CI runs 0.5.6, the release in .venv, through the rest of
   ``basic_check --mode test_l2_adapter``, and ``lmcache bench l2 --no-skip-verify`` (aligned and
   unaligned buffers), and a ``bench l2 --only store`` whose keys a new process loads back after
   a gateway restart; so do objects of seeded bytes stored and verified byte for byte in two
-  processes through that release's adapter stack (tests/integration/l2_roundtrip.py);
+  processes through that release's adapter stack (tests/support/l2_roundtrip.py);
 - a real ``lmcache server`` of that release, with our plugin, stores KV chunks through the
   gateway, and after its L1 is cleared, and again after the server restarts, loads them back
   from L2 byte-exact; chunks never stored miss;
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.support import MAIN_VERSION, basic_check, bench_l2, client, run, venv_bin
 from tests.support import Gateway, LMCacheServer, wait_until
+from tests.support.compat import MAIN_VERSION, basic_check, bench_l2, client, run, venv_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -84,9 +84,9 @@ def test_lmcache_harnesses_pass_against_the_plugin(
 
 
 def roundtrip(bin_dir: Path, action: str, spec: str, seed: int) -> subprocess.CompletedProcess[str]:
-    """tests/integration/l2_roundtrip.py in that release: 6 objects of 9 MiB + 17 bytes, each its
+    """tests/support/l2_roundtrip.py in that release: 6 objects of 9 MiB + 17 bytes, each its
     own seeded bytes, through LMCache's own adapter stack (factory + native_plugin wrapper)."""
-    module = "tests.integration.l2_roundtrip"
+    module = "tests.support.l2_roundtrip"
     size = str(9 * 2**20 + 17)
     return run([str(bin_dir / "python"), "-m", module, action, spec, "6", size, str(seed)])
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.compat.support import client
 from tests.support import BIN, Gateway, LMCacheServer, wait_until
+from tests.support.compat import client
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.support import RedisServer, TwoAdaptersServer, client, metric
 from tests.support import BIN, Gateway, wait_until
+from tests.support.compat import RedisServer, TwoAdaptersServer, client, metric
 
 REDIS = shutil.which("redis-server") or shutil.which("valkey-server")
 pytestmark = [

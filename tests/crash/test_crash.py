@@ -2,12 +2,12 @@
 
 A model-based crash test in the style of RocksDB's crash test and foyer's recovery test. Each
 cycle: start the gateway on the same data dir, check every key against the model, run the driver
-(tests/crash/driver.py: the real plugin, random stores, deletes, loads and EXISTS on a small key
-space, every event logged) for a random 0.2-1.5 s, SIGKILL the gateway mid-traffic (mid-write,
+(tests/support/crash_driver.py: the real plugin, random stores, deletes, loads and EXISTS on a small
+key space, every event logged) for a random 0.2-1.5 s, SIGKILL the gateway mid-traffic (mid-write,
 mid-sync, mid-eviction), stop the driver, and replay its event log into the model. After the last
-kill the gateway is started and checked once more. ``no_eviction`` starts over on an empty data
-dir (a new "generation") only when the next cycle could fill a database; any region reclaimed
-in that configuration fails the test, as its presence checks would not hold.
+kill the gateway is started and checked once more. ``no_eviction`` starts over on an empty data dir
+(a new "generation") only when the next cycle could fill a database; any region reclaimed in that
+configuration fails the test, as its presence checks would not hold.
 
 The last two tests show the oracle can fail: a load hit with a flipped byte (planted in the
 driver) and objects corrupted on disk (reported missing, never as wrong bytes).
@@ -54,11 +54,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adp_gateway import fragmenter
 from adp_gateway.format import key_hash
-from adp_gateway.ring.layout import align_up
+from adp_wire import fragmenter
+from adp_wire.ring.layout import align_up
 from lmcache_adp import ADPConnector
-from tests.crash.model import (
+from tests.support import (
+    BIN,
+    Gateway,
+    Process,
+    remove_tree,
+    short_tmpdir,
+    wait_for_future,
+    wait_until,
+)
+from tests.support.crash_model import (
     ABSENT,
     EXIT_VIOLATION,
     FRAGMENT_BYTES,
@@ -70,15 +79,6 @@ from tests.crash.model import (
     read_events,
     replay,
     states_text,
-)
-from tests.support import (
-    BIN,
-    Gateway,
-    Process,
-    remove_tree,
-    short_tmpdir,
-    wait_for_future,
-    wait_until,
 )
 
 KEYS = 200
@@ -230,7 +230,7 @@ class Harness:
         state_path.write_text(json.dumps(state))
         events_path = self.workdir / f"events-{self.cycle:04d}.jsonl"
         self.driver = Process("driver", self.workdir / "driver.log")
-        argv = [sys.executable, "-m", "tests.crash.driver", "--socket"]
+        argv = [sys.executable, "-m", "tests.support.crash_driver", "--socket"]
         argv += [str(self.gateway.socket_path), "--state", str(state_path)]
         argv += ["--events", str(events_path), "--seed", str(self.rng.randrange(2**32))]
         if self.plant_wrong_bytes:
@@ -290,7 +290,7 @@ class Harness:
     def _budget(self) -> int:
         """Bytes the next driver may append without any eviction; -1 when eviction is fine.
 
-        Per database (the gateway's own placement, adp_gateway/fragmenter.py): a region is sealed
+        Per database (the gateway's own placement, adp_wire/fragmenter.py): a region is sealed
         with less than one record and its overhead free, and every restart leaves each
         database's open region behind. The driver counts what it appends over all databases,
         so it stays within the room of the fullest one. The DEBUG log of reclaimed regions

@@ -10,7 +10,7 @@ entry point, with the plugin connected to the gateway) from a starting one, and 
 gateway's socket is gone.
 
 Skipped, with the reason, where no Docker daemon answers or no base image is there
-(tests/docker/image.py; CI starts both with scripts/docker-ci.sh).
+(tests/support/docker_image.py; CI starts both with scripts/docker-ci.sh).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker.image import ROOT, Unavailable, build, docker
 from tests.support import remove_tree, short_tmpdir, wait_until
+from tests.support.docker_image import ROOT, Unavailable, build, docker
 
 pytestmark = pytest.mark.docker
 
@@ -199,7 +199,7 @@ def roundtrip_from_host(dirs: Dirs, action: str, seed: int) -> int:
     """The repository's byte-exact store/verify tool, run on the host through the socket."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "tests.integration.l2_roundtrip", action,
+            sys.executable, "-m", "tests.support.l2_roundtrip", action,
             l2_adapter(dirs.socket_path), "4", str(3 * 2**20 + 7), str(seed),
         ],
         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,

@@ -3,24 +3,17 @@ stopped at its end, pass or fail, with a check that nothing it started is left b
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack import E2E_BIN, ENV, HERE, Vllm
 from tests.support import (
-    Gateway,
-    LMCacheServer,
-    Process,
     remove_tree,
     short_tmpdir,
-    wait_until,
 )
+from tests.support.e2e_stack import E2E_BIN, ENV, HERE, Stack, Vllm, shared_memory_files
 
 SEEDS = (1, 2, 3, 4)
 
@@ -46,59 +39,6 @@ def model_dir() -> Iterator[Path]:
     )
     yield directory / "m"
     remove_tree(directory)
-
-
-class Stack:
-    """Starts gateways, LMCache servers and vLLM engines, and remembers them all."""
-
-    def __init__(self, workdir: Path, model: Path) -> None:
-        self.workdir = workdir
-        self.model = model
-        self.processes: list[Process] = []
-
-    def gateway(self) -> Gateway:
-        gateway = Gateway(self.workdir, "2GiB")
-        self.processes.append(gateway)
-        return gateway.start()
-
-    def server(self, gateway: Gateway, **params: object) -> LMCacheServer:
-        server = LMCacheServer(
-            self.workdir,
-            gateway.l2_adapter_json(**params),
-            tag=f"-{len(self.processes)}",
-            bin_dir=E2E_BIN,
-        )
-        self.processes.append(server)
-        return server.start()
-
-    def vllm(self, server: LMCacheServer | None) -> Vllm:
-        engine = Vllm(self.workdir, str(len(self.processes)))
-        self.processes.append(engine)
-        return engine.start(self.model, server.port if server else None)
-
-    def stop_all(self) -> None:
-        """Stop everything, then check that no process of theirs and no LMCache shm is left."""
-        for process in reversed(self.processes):
-            process.stop(signal.SIGKILL if process.name == "vllm" else signal.SIGTERM, 30)
-        groups = [p.proc.pid for p in self.processes if p.proc is not None]
-        for group in groups:  # workers, resource trackers: whatever a process left in its group
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
-        wait_until(lambda: not any(map(_group_alive, groups)), 30, "every process to be gone")
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def shared_memory_files() -> set[Path]:
-    """What LMCache (lmcache_*) and vLLM's multiprocessing (psm_*, sem.mp-*) put in /dev/shm."""
-    shm = Path("/dev/shm")
-    return {p for pattern in ("lmcache_*", "psm_*", "sem.mp-*") for p in shm.glob(pattern)}
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from tests.e2e.conftest import Stack
 from tests.support import Gateway, LMCacheServer, wait_until
+from tests.support.e2e_stack import Stack
 
 pytestmark = pytest.mark.e2e
 PROMPT_TOKENS = 2048

@@ -1,7 +1,7 @@
 """Goal: the coverage-guided fuzzer finds no crash, hang or broken property in the gateway's
 parsers of untrusted input.
 
-The fuzzer is tests/fuzz/fuzz_parsers.py run by atheris (libFuzzer) in a subprocess, with the
+The fuzzer is tests/support/fuzz_parsers.py run by atheris (libFuzzer) in a subprocess, with the
 targets and oracles test_properties.py runs under hypothesis; its inputs are grown by coverage
 feedback from the gateway's code. Any uncaught exception (a parser raising something it must
 not, or a property's assertion), an input running past libFuzzer's ``-timeout`` or the
@@ -40,7 +40,7 @@ def fuzz(
     command = [
         sys.executable,
         "-m",
-        "tests.fuzz.fuzz_parsers",
+        "tests.support.fuzz_parsers",
         f"-atheris_runs={runs}",
         f"-seed={os.environ.get('ADP_FUZZ_SEED', '1')}",
         f"-artifact_prefix={artifacts}/",  # a crashing input goes here, not into the repo

@@ -1,6 +1,6 @@
 """Goal: the gateway's parsers of untrusted input keep their properties for any input.
 
-Each property is a target of tests/fuzz/fuzz_parsers.py, whose docstring says what must hold:
+Each property is a target of tests/support/fuzz_parsers.py, whose docstring says what must hold:
 handshake frames, hello and welcome maps, request keys, ring queues, session descriptors, two
 sessions' isolation, record headers, superblocks, trailers, footers, region walks and recovery.
 Hypothesis draws each target's input here; atheris draws the same targets (test_atheris.py).
@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz.fuzz_parsers import PLANTS, TARGET_NAMES, TARGETS
+from tests.support.fuzz_parsers import PLANTS, TARGET_NAMES, TARGETS
 
 BOUND_S = 10.0  # a case takes milliseconds; this is a hang even on a loaded CI machine
 HARD_BOUND_S = 120.0

@@ -83,7 +83,7 @@ def roundtrip(action: str, gateway: Gateway, count: int, size: int, seed: int) -
         [
             sys.executable,
             "-m",
-            "tests.integration.l2_roundtrip",
+            "tests.support.l2_roundtrip",
             action,
             gateway.l2_adapter_json(),
             str(count),

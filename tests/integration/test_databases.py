@@ -26,10 +26,10 @@ import pytest
 import yaml
 
 from adp_gateway.format import RECORD_MAGIC, Kind, unpack_header, unpack_superblock
-from adp_gateway.ring.layout import PAGE_BYTES
+from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected, objects, views
+from tests.support.plugin import connected, objects, views
 
 pytestmark = pytest.mark.integration
 

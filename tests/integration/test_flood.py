@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway.protocol import Hello, hello_body, send_frame
 from adp_gateway.service import HANDSHAKES_MAX
+from adp_wire.protocol import Hello, hello_body, send_frame
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support.plugin import connected
 
 pytestmark = pytest.mark.integration
 MAX_SESSIONS = 8

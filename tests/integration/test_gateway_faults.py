@@ -1,5 +1,5 @@
 """Goal: what storage does wrong costs only the ops it touches. A real gateway process whose
-databases fail on command (tests/integration/faulty_gateway.py) serves a real plugin: disk errors
+databases fail on command (tests/support/faulty_gateway.py) serves a real plugin: disk errors
 (EIO on read or write), a full disk (ENOSPC), latency spikes and stalls of seconds. Every failing
 op completes as a failure or a miss within its deadline, the gateway keeps serving everything
 else, and nothing already stored is lost or corrupted: after the faults, and after a restart,
@@ -9,58 +9,23 @@ corrupted on disk is a miss with a log line, and `adp-gateway check` names its o
 from __future__ import annotations
 
 import errno
-import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from adp_gateway import fragmenter
-from adp_gateway.format import key_hash
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support.faulty_gateway import FaultyGateway
+from tests.support.plugin import Objects, connected, databases_of, keyed_objects
 
 pytestmark = pytest.mark.integration
 FRAGMENT_BYTES = 2**20
 OP_TIMEOUT_S = 2.0
 SLACK_S = 1.5  # scheduling noise on a loaded two-core machine
 CONFIG = "region_size: 8MiB\nfragment_size: 1MiB\ndatabases_per_dir: 2\nio_threads: 8\n"
-
-
-class FaultyGateway(Gateway):
-    stdin = subprocess.PIPE
-
-    def argv(self) -> list[str]:
-        return [sys.executable, "-m", "tests.integration.faulty_gateway", "serve", *self.args]
-
-    def inject(self, **command: object) -> None:
-        line = json.dumps(command)
-        mark = len(self.log())
-        assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-        wait_until(lambda: f"applied {line}" in self.log()[mark:], 10, f"fault {line}")
-
-
-Objects = dict[str, bytes]
-
-
-def objects(seed: int, count: int, size: int) -> Objects:
-    rng = np.random.default_rng(seed)
-    return {
-        f"m@00000000@0@{seed:08x}{i:056x}": rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        for i in range(count)
-    }
-
-
-def databases_of(key: str, size: int) -> set[int]:
-    plan = fragmenter.plan(size, FRAGMENT_BYTES, 2, key_hash("default", key))
-    return {fragment.database for fragment in plan}
 
 
 class Client:
@@ -125,7 +90,10 @@ def check_disk(gateway: Gateway) -> str:
 
 def test_disk_errors_and_a_full_disk_fail_only_the_ops_they_touch(faulty: FaultyGateway) -> None:
     client = Client(faulty)
-    stored = {**objects(1, 6, 2 * FRAGMENT_BYTES + 12345), **objects(2, 12, 256 * 2**10)}
+    stored = {
+        **keyed_objects(1, 6, 2 * FRAGMENT_BYTES + 12345),
+        **keyed_objects(2, 12, 256 * 2**10),
+    }
     assert client.store(stored) == [True] * len(stored)
 
     faulty.inject(database=0, fail="read", errno=errno.EIO, count=3)
@@ -135,13 +103,13 @@ def test_disk_errors_and_a_full_disk_fail_only_the_ops_they_touch(faulty: Faulty
     assert client.load(stored) == [True] * len(stored)
 
     faulty.inject(database=1, fail="write", errno=errno.EIO, count=2)
-    written = objects(3, 8, 256 * 2**10)
+    written = keyed_objects(3, 8, 256 * 2**10)
     written_ok = client.store(written)
     assert 0 < written_ok.count(False) <= 2
     assert client.load(stored) == [True] * len(stored)
 
     faulty.inject(database=0, fail="write", errno=errno.ENOSPC, count=10_000)
-    full = objects(4, 8, 256 * 2**10)
+    full = keyed_objects(4, 8, 256 * 2**10)
     results = client.store(full)
     for key, ok in zip(full, results, strict=True):
         assert ok == (0 not in databases_of(key, 256 * 2**10)), key  # db 1 still takes stores
@@ -168,7 +136,7 @@ def test_disk_errors_and_a_full_disk_fail_only_the_ops_they_touch(faulty: Faulty
 def test_stalls_expire_their_own_ops_while_the_rest_is_served(faulty: FaultyGateway) -> None:
     client = Client(faulty)
     size = 256 * 2**10
-    stored = objects(5, 32, size)
+    stored = keyed_objects(5, 32, size)
     assert client.store(stored) == [True] * len(stored)
     on_db1 = {k: v for k, v in stored.items() if databases_of(k, size) == {1}}
     on_db0 = {k: v for k, v in stored.items() if databases_of(k, size) == {0}}
@@ -194,7 +162,7 @@ def test_stalls_expire_their_own_ops_while_the_rest_is_served(faulty: FaultyGate
 
 def test_a_corrupted_byte_is_a_logged_miss_and_check_names_it(faulty: FaultyGateway) -> None:
     client = Client(faulty)
-    stored = objects(6, 4, 256 * 2**10)
+    stored = keyed_objects(6, 4, 256 * 2**10)
     assert client.store(stored) == [True] * 4
     client.close()
     faulty.stop()

@@ -5,7 +5,7 @@ slow disk, a stopped gateway); every op still completes, exactly once, within it
 
 What is checked is the order in which completions arrive on one plugin, never how long an op
 took (the benchmark bench/lookup_under_load.py measures that): the stores are held for seconds
-by a real gateway process whose disk is slowed on command (tests/integration/faulty_gateway.py),
+by a real gateway process whose disk is slowed on command (tests/support/faulty_gateway.py),
 so the orders hold with a wide margin on a loaded machine.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.integration.test_gateway_faults import FaultyGateway, databases_of, objects
 from tests.support import Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support.faulty_gateway import FaultyGateway
+from tests.support.plugin import connected, databases_of, keyed_objects
 
 pytestmark = pytest.mark.integration
 MiB = 2**20
@@ -77,7 +77,7 @@ def on_database(database: int, seed: int, count: int) -> dict[str, bytes]:
     """``count`` objects of 1 MiB whose one fragment lives on ``database``."""
     found: dict[str, bytes] = {}
     while len(found) < count:
-        for key, value in objects(seed, 64, MiB).items():
+        for key, value in keyed_objects(seed, 64, MiB).items():
             if databases_of(key, MiB) == {database} and len(found) < count:
                 found[key] = value
         seed += 1000
@@ -89,13 +89,13 @@ def test_a_lookup_overtakes_stores_that_wait_for_window_room(
 ) -> None:
     plugin = Plugin(slow, op_timeout_s=60.0)
     made.append(plugin)
-    stored = objects(1, 1, MiB)
+    stored = keyed_objects(1, 1, MiB)
     assert plugin.wait(plugin.store(stored))[1] is True
     for database in (0, 1):
         slow.inject(database=database, delay_s=1.0)  # every write now takes a second
 
     # 32 MiB of stores on a session whose window holds 8: most wait in the plugin for room.
-    stores = [plugin.store({k: v}) for k, v in objects(2, 32, MiB).items()]
+    stores = [plugin.store({k: v}) for k, v in keyed_objects(2, 32, MiB).items()]
     lookup = plugin.connector.submit_batch_exists([*stored, "absent"])
     assert plugin.wait(lookup)[3] == [True, False]
     assert not set(stores) & set(plugin.order), "the lookup waited for a store"
@@ -128,7 +128,7 @@ def test_a_lookup_ends_within_its_own_timeout_while_a_stopped_gateway_holds_the_
     made.append(plugin)
     gateway.send_signal(signal.SIGSTOP)
     try:
-        stores = [plugin.store({k: v}) for k, v in objects(5, 16, MiB).items()]
+        stores = [plugin.store({k: v}) for k, v in keyed_objects(5, 16, MiB).items()]
         lookup = plugin.connector.submit_batch_exists(["k"])
         # A lookup is answered from memory in microseconds: one that is not answered within
         # lookup_timeout_s finds a hung gateway, and its keys are misses, long before the
@@ -144,14 +144,14 @@ def test_close_with_ops_in_flight_reports_each_once_and_never_writes_l1_after(
     slow: FaultyGateway,
 ) -> None:
     plugin = Plugin(slow, op_timeout_s=30.0)
-    stored = objects(6, 4, MiB)
+    stored = keyed_objects(6, 4, MiB)
     assert plugin.wait(plugin.store(stored))[1] is True
     for database in (0, 1):
         slow.inject(database=database, delay_s=1.0)
     mark = len(slow.log())
     buffers = [memoryview(bytearray(MiB)) for _ in stored]
     load = plugin.connector.submit_batch_get(list(stored), buffers)
-    store = plugin.store(objects(7, 2, MiB))
+    store = plugin.store(keyed_objects(7, 2, MiB))
     wait_until(lambda: "holding a read" in slow.log()[mark:], 10, "the gateway inside a load")
 
     plugin.close()  # LMCache's shutdown: what it gets back after this is its own again

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.many_clients_driver import (
+from tests.support import Gateway, LMCacheServer, session_resources, wait_until
+from tests.support.many_clients_driver import (
     l2_stores_in_flight,
     store,
     store_then_load_from_l2,
 )
-from tests.support import Gateway, LMCacheServer, wait_until
-from tests.unit.test_gateway_process import session_resources
 
 pytestmark = pytest.mark.integration
 

@@ -16,60 +16,24 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.status import ask
-from tests.support import Gateway, LMCacheServer, wait_until
+from tests.support import Gateway, LMCacheServer, run_mp_client, store_then_load_from_l2, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
-
-
-def mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.integration.mp_client",
-            "--port",
-            str(server.port),
-            "--http-port",
-            str(server.http_port),
-            "--timeout",
-            "20",
-            "--deadline",
-            "90",
-            action,
-            "--seed",
-            str(seed),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    print(result.stdout[-3000:], result.stderr[-1500:])
-    return result.returncode
-
-
-def store_then_load_from_l2(server: LMCacheServer, seed: int, chunks: str = "2") -> None:
-    """Store chunks, wait for their L2 writes, empty L1, and check they come back from L2."""
-    assert mp_client(server, "store", seed, "--chunks", chunks) == 0
-    wait_until(server.l2_settled, 60, "the L2 stores to finish")
-    server.clear_l1()
-    assert mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0
 
 
 def test_chunks_come_back_from_l2_after_server_and_gateway_restart(
     gateway: Gateway, make_server: Callable[[str], LMCacheServer]
 ) -> None:
     server = make_server(gateway.l2_adapter_json()).start()
-    assert mp_client(server, "store", 1, "--chunks", "4") == 0
+    assert run_mp_client(server, "store", 1, "--chunks", "4") == 0
     wait_until(server.l2_settled, 60, "the L2 stores to finish")
     assert server.stop() in (0, 130)  # 130: it exits by re-raising SIGINT
     gateway.restart()
     assert "recovered 4 objects" in gateway.log()
     server = make_server(gateway.l2_adapter_json()).start()
-    assert mp_client(server, "check", 1, "--chunks", "4", "--expect-tier", "l2") == 0
-    assert mp_client(server, "check", 2, "--chunks", "4") == 1  # never stored: a miss
+    assert run_mp_client(server, "check", 1, "--chunks", "4", "--expect-tier", "l2") == 0
+    assert run_mp_client(server, "check", 2, "--chunks", "4") == 1  # never stored: a miss
 
 
 def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
@@ -78,7 +42,7 @@ def test_server_runs_without_the_gateway_and_uses_it_once_it_starts(
     gateway = make_gateway()
     params = {"reconnect_interval_s": 0.1, "reconnect_interval_max_s": 0.5}
     server = make_server(gateway.l2_adapter_json(**params)).start()
-    assert mp_client(server, "check", 1, "--chunks", "2") == 1  # a miss, not a hang
+    assert run_mp_client(server, "check", 1, "--chunks", "2") == 1  # a miss, not a hang
     # The server's own output says why, once, with the path and the fix, at WARNING.
     warnings = re.findall(
         r"lmcache-adp WARNING: cannot reach the gateway at (\S+) .*", server.log()
@@ -103,7 +67,7 @@ def test_gateway_killed_or_hung_during_traffic_never_stalls_lmcache(
         [
             sys.executable,
             "-m",
-            "tests.integration.mp_client",
+            "tests.support.mp_client",
             "--port",
             str(server.port),
             "--timeout",
@@ -128,7 +92,7 @@ def test_gateway_killed_or_hung_during_traffic_never_stalls_lmcache(
     killed = time.monotonic()
     wait_until(server.l2_settled, timeout_s + 10, "in-flight L2 ops to complete")
     assert time.monotonic() - killed < timeout_s + 10
-    assert mp_client(server, "check", 1, "--chunks", "16", "--expect-tier", "l1") == 0
+    assert run_mp_client(server, "check", 1, "--chunks", "16", "--expect-tier", "l1") == 0
     if signum == signal.SIGSTOP:
         gateway.send_signal(signal.SIGCONT)  # the same session carries on
     else:

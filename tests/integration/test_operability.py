@@ -22,8 +22,14 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.metrics import Metrics, MetricsServer
-from tests.integration.test_mp_server import store_then_load_from_l2
-from tests.support import BIN, Gateway, LMCacheServer, free_port, wait_until
+from tests.support import (
+    BIN,
+    Gateway,
+    LMCacheServer,
+    free_port,
+    store_then_load_from_l2,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

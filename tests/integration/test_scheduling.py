@@ -9,7 +9,7 @@ completions arrive, never how long they took:
 - ops that cannot start before their deadline complete as failures and are then dropped by the
   gateway without their I/O, never left queued or run late.
 
-Slow disks are made with tests/integration/faulty_gateway.py (every I/O first sleeps), so the
+Slow disks are made with tests/support/faulty_gateway.py (every I/O first sleeps), so the
 orders asserted here hold with a wide margin on a loaded machine.
 """
 
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.integration.test_gateway_faults import FaultyGateway
 from tests.support import Gateway, wait_until
-from tests.unit.test_connector import connected
+from tests.support.faulty_gateway import FaultyGateway
+from tests.support.plugin import connected
 
 pytestmark = pytest.mark.integration
 MiB = 2**20

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_mp_server import mp_client
-from tests.support import ROOT, LMCacheServer, wait_until
+from tests.support import ROOT, LMCacheServer, run_mp_client, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +50,7 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_cop
         )
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert "every byte loaded back matches" in smoke.stdout
-        assert mp_client(server, "store", 9, "--chunks", "2") == 0
+        assert run_mp_client(server, "store", 9, "--chunks", "2") == 0
         wait_until(server.l2_settled, 60, "the L2 stores")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
         assert proc.wait(60) == 0

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 from lmcache_adp import ADPConnector
-from tests.integration.test_mp_server import mp_client
-from tests.support import Gateway, LMCacheServer, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support import Gateway, LMCacheServer, run_mp_client, wait_for_future, wait_until
+from tests.support.plugin import connected
 
 pytestmark = pytest.mark.integration
 OBJECT_BYTES = 256 * 2**10
@@ -232,13 +231,13 @@ def test_other_tenants_and_other_cache_salts_miss_through_lmcache(
 ) -> None:
     token = str(tenant_gateway.log_path.parent / "bob.token")
     alice_server = make_server(tenant_gateway.l2_adapter_json(tenant="alice")).start()
-    assert mp_client(alice_server, "store", 5, "--chunks", "2", "--cache-salt", "user1") == 0
+    assert run_mp_client(alice_server, "store", 5, "--chunks", "2", "--cache-salt", "user1") == 0
     wait_until(alice_server.l2_settled, 60, "the L2 stores to finish")
     alice_server.clear_l1()
-    assert mp_client(alice_server, "check", 5, "--chunks", "2", "--cache-salt", "user2") == 1
-    assert mp_client(alice_server, "check", 5, "--chunks", "2") == 1  # unsalted
+    assert run_mp_client(alice_server, "check", 5, "--chunks", "2", "--cache-salt", "user2") == 1
+    assert run_mp_client(alice_server, "check", 5, "--chunks", "2") == 1  # unsalted
     assert (
-        mp_client(
+        run_mp_client(
             alice_server,
             "check",
             5,
@@ -253,4 +252,4 @@ def test_other_tenants_and_other_cache_salts_miss_through_lmcache(
     )
     alice_server.stop()
     bob_server = make_server(tenant_gateway.l2_adapter_json(tenant="bob", token_file=token)).start()
-    assert mp_client(bob_server, "check", 5, "--chunks", "2", "--cache-salt", "user1") == 1
+    assert run_mp_client(bob_server, "check", 5, "--chunks", "2", "--cache-salt", "user1") == 1

@@ -5,7 +5,7 @@ LMCache keeps serving from L1. The gateway refuses to start in a socket director
 owns or can write, and neither side runs on a CPU whose memory model the rings are not for.
 
 The hostile gateway is a real process of another user (uid 65534, "nobody"), which records what
-it was sent (tests/integration/hostile_gateway.py); these tests need root to make one.
+it was sent (tests/support/hostile_gateway.py); these tests need root to make one.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.errors import UnsupportedHost
-from adp_gateway.ring.queue import check_host
+from adp_wire.ring.queue import check_host
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, Process, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support.plugin import connected
 
 pytestmark = [
     pytest.mark.integration,
@@ -37,7 +37,7 @@ class HostileGateway(Process):
         self.socket_path = socket_path
 
     def start(self) -> HostileGateway:
-        argv = [sys.executable, "-m", "tests.integration.hostile_gateway"]
+        argv = [sys.executable, "-m", "tests.support.hostile_gateway"]
         self.spawn([*argv, str(self.socket_path), str(NOBODY)])
         wait_until(lambda: "listening" in self.log() or not self.alive, 30, "the hostile gateway")
         assert self.alive, self.log()

@@ -23,12 +23,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway.ring.layout import align_up
+from adp_wire.ring.layout import align_up
 from lmcache_adp import ADPConnector
-from tests.integration.test_gateway_faults import FaultyGateway, objects
-from tests.integration.test_mp_server import store_then_load_from_l2
-from tests.support import Gateway, LMCacheServer, wait_for_future, wait_until
-from tests.unit.test_connector import connected
+from tests.support import (
+    Gateway,
+    LMCacheServer,
+    store_then_load_from_l2,
+    wait_for_future,
+    wait_until,
+)
+from tests.support.faulty_gateway import FaultyGateway
+from tests.support.plugin import connected, keyed_objects
 
 pytestmark = pytest.mark.integration
 OP_TIMEOUT_S = 1.0
@@ -146,7 +151,7 @@ def test_no_byte_of_l1_beyond_an_object_reaches_the_disk(
 def test_a_store_whose_buffer_changes_under_a_late_write_loads_as_a_miss(
     slow: FaultyGateway, shared_l1: SharedL1
 ) -> None:
-    batch = objects(5, 1, 2**20)
+    batch = keyed_objects(5, 1, 2**20)
     connector = plugin(slow, op_timeout_s=OP_TIMEOUT_S)
     for database in (0, 1):
         slow.inject(database=database, delay_s=OP_TIMEOUT_S + 1.0)
@@ -175,7 +180,7 @@ def test_a_store_whose_buffer_changes_under_a_late_write_loads_as_a_miss(
 def test_an_object_corrupted_on_disk_is_a_miss_and_is_dropped(
     gateway: Gateway, shared_l1: SharedL1
 ) -> None:
-    batch = objects(7, 2, 64 * 2**10)
+    batch = keyed_objects(7, 2, 64 * 2**10)
     connector = plugin(gateway)
     assert store(connector, batch, [shared_l1.buffer(len(v)) for v in batch.values()])
     connector.close()
@@ -209,7 +214,7 @@ def slow(workdir: Path) -> Iterator[FaultyGateway]:
 def test_ops_settle_on_time_with_the_gateway_stopped_mid_move_and_l1_is_never_written(
     slow: FaultyGateway, shared_l1: SharedL1
 ) -> None:
-    stored, fresh = objects(9, 1, 2**20), objects(10, 1, 2**20)
+    stored, fresh = keyed_objects(9, 1, 2**20), keyed_objects(10, 1, 2**20)
     connector = plugin(slow, op_timeout_s=OP_TIMEOUT_S)
     assert store(connector, stored, [shared_l1.buffer(2**20)])
     loading = shared_l1.buffer(2**20, fill=0)
@@ -242,7 +247,7 @@ def test_ops_settle_on_time_with_the_gateway_stopped_mid_move_and_l1_is_never_wr
 def test_a_gateway_killed_mid_load_releases_its_ops_at_once(
     slow: FaultyGateway, shared_l1: SharedL1
 ) -> None:
-    batch = objects(11, 1, 256 * 2**10)
+    batch = keyed_objects(11, 1, 256 * 2**10)
     connector = plugin(slow, op_timeout_s=30.0)
     assert store(connector, batch, [shared_l1.buffer(len(v)) for v in batch.values()])
     for database in (0, 1):

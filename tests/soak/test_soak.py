@@ -1,10 +1,10 @@
 """Goal: under a long mixed workload from four clients, with clients and the gateway SIGKILLed at
 random, the gateway's resident memory and open fds stay flat and no load returns wrong bytes.
 
-Four client processes (tests/soak/client.py: the crash test's driver, so the real plugin) work
-one gateway process, each on its own 200 keys (no two clients share a key, so each client's
-model of its keys is exact): stores of 4 KiB to 2.5 MiB, EXISTS, loads and deletes, up to 8
-batches in flight each, on a 64 MiB store that evicts all the time, with ``sync: always``.
+Four client processes (tests/support/soak_client.py: the crash test's driver, so the real plugin)
+work one gateway process, each on its own 200 keys (no two clients share a key, so each client's
+model of its keys is exact): stores of 4 KiB to 2.5 MiB, EXISTS, loads and deletes, up to 8 batches
+in flight each, on a 64 MiB store that evicts all the time, with ``sync: always``.
 Two of the clients keep their buffers in a shared-memory L1, so their stores of whole pages
 go zero-copy, as in an ``lmcache server --shm-name``.
 Every few seconds a random client is SIGKILLed and started again on its keys (its successor
@@ -13,7 +13,8 @@ are SIGKILLed and the gateway must notice and free every session; then the clien
 again, the gateway is SIGKILLed under their traffic and started again on the same data dir, and
 the clients reconnect by themselves, as the plugin does. A thread samples the gateway's
 VmRSS, RssShmem and open fds (``/proc/PID``) every quarter second. The controller is in
-tests/soak/controller.py; the sampling and the bounds of 2 and 3 in tests/soak/sampling.py.
+tests/support/soak_controller.py; the sampling and the bounds of 2 and 3 in
+tests/support/soak_sampling.py.
 
 What must hold (a violation fails the test, naming what, when, and the log tails):
 
@@ -43,7 +44,7 @@ work dir (gateway log, client event logs, samples.json, data dir).
 
 The last tests show the checks can fail: a load hit with a flipped byte (planted in the client),
 gateways that leak an eventfd per closed session or 64 KiB per store
-(tests/soak/leaky_gateway.py), and the flatness check on synthetic samples.
+(tests/support/leaky_gateway.py), and the flatness check on synthetic samples.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from typing import Any
 
 import pytest
 
-from tests.soak.controller import (
+from tests.support import Gateway, remove_tree, short_tmpdir
+from tests.support.soak_controller import (
     CLIENTS,
     LONG,
     NEVER,
@@ -71,8 +73,7 @@ from tests.soak.controller import (
     SoakPlan,
     format_summary,
 )
-from tests.soak.sampling import Sample, growth_findings
-from tests.support import Gateway, remove_tree, short_tmpdir
+from tests.support.soak_sampling import Sample, growth_findings
 
 # The tests ----------------------------------------------------------------------------------
 
@@ -133,12 +134,12 @@ PLANTED = SoakPlan("planted", 30, NEVER, NEVER, 1, 0)
 
 
 class LeakyGateway(Gateway):
-    """The real gateway with a planted leak (tests/soak/leaky_gateway.py)."""
+    """The real gateway with a planted leak (tests/support/leaky_gateway.py)."""
 
     leak = ""
 
     def spawn(self, argv: list[str], *args: Any, **kwargs: Any) -> None:
-        module = [sys.executable, "-m", "tests.soak.leaky_gateway", self.leak]
+        module = [sys.executable, "-m", "tests.support.leaky_gateway", self.leak]
         super().spawn([*module, *argv[1:]], *args, **kwargs)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.__main__ import main
-from tests.unit.storage_helpers import extent, make_devices, open_store, payload
+from tests.support.storage import extent, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * 256 * 2**10
 

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from adp_gateway.errors import ConfigError
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
+from tests.support.plugin import connected, objects, views
 
 
 @pytest.fixture
@@ -30,24 +30,6 @@ def connect() -> Iterator[Callable[..., ADPConnector]]:
     yield make
     for connector in made:
         connector.close()
-
-
-def objects(count: int, size: int, seed: int = 0) -> list[bytearray]:
-    rng = np.random.default_rng(seed)
-    return [bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes()) for _ in range(count)]
-
-
-def views(buffers: list[bytearray]) -> list[memoryview]:
-    return [memoryview(b) for b in buffers]
-
-
-def connected(connector: ADPConnector, timeout_s: float = 20) -> None:
-    """Wait until an EXISTS is answered by the gateway (not failed for lack of it)."""
-
-    def answered() -> bool:
-        return bool(wait_for_future(connector, connector.submit_batch_exists(["probe"]))[1])
-
-    wait_until(answered, timeout_s, "the plugin to reach the gateway")
 
 
 def check_shape(item: tuple[object, ...], future_id: int, keys: int) -> None:

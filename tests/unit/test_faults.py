@@ -20,7 +20,7 @@ from adp_gateway.backends.faulty import FaultyDevice
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.errors import StorageError
 from adp_gateway.store import Store
-from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
+from tests.support.storage import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 64 * REGION  # large enough that nothing is evicted in these runs
 SIZES = (1, 4096, 20_000, 70_000, 150_000)  # one to three fragments

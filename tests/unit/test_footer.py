@@ -11,7 +11,6 @@ import pytest
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.backends.regionlog import RegionLog
 from adp_gateway.backends.regionscan import RegionReader, first_header
-from adp_gateway.checksum import checksum
 from adp_gateway.footer import (
     TRAILER_BYTES,
     Trailer,
@@ -21,7 +20,8 @@ from adp_gateway.footer import (
     unpack_footer,
 )
 from adp_gateway.format import Kind, RecordHeader, unpack_superblock
-from tests.unit.storage_helpers import REGION, extent, payload
+from adp_wire.checksum import checksum
+from tests.support.storage import REGION, extent, payload
 
 SEED = 0x5EED
 HEADER = RecordHeader(Kind.DATA, 7, "t", "k", 5000, 0, 5000, payload_checksum=99, epoch=3)

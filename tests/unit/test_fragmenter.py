@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from adp_gateway.fragmenter import plan
+from adp_wire.fragmenter import plan
 
 
 def test_fragments_tile_the_object_for_many_shapes() -> None:

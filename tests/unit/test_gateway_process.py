@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.protocol import Hello, hello_body, parse_welcome, recv_frame, send_frame
-from adp_gateway.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
+from adp_wire.protocol import Hello, Op, hello_body, parse_welcome, recv_frame, send_frame
+from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
-from tests.support import BIN, Gateway, wait_for_future, wait_until
-from tests.unit.test_connector import connected, objects, views
+from tests.support import BIN, Gateway, session_resources, wait_for_future, wait_until
+from tests.support.plugin import connected, objects, views
 
 
 def run_gateway(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -144,7 +144,7 @@ def test_garbage_in_a_ring_drops_only_that_session(gateway: Gateway, garbage: st
 def make_garbage(garbage: str, memory: memoryview, doorbell: int, layout: RingLayout) -> None:
     """Write one kind of garbage into a client's submission ring, and ring."""
     rng = random.Random(garbage)
-    entry = [1, 1, 0, 0, 0, 0, 0, 2**63, 0, 4096]  # a GET of slot 0 with no keys
+    entry = [1, Op.GET, 0, 0, 0, 0, 0, 2**63, 0, 4096]  # slot 0, no keys
     if garbage == "random":
         memory[layout.sq_offset : layout.sq_offset + 64] = rng.randbytes(64)
     elif garbage == "slot":
@@ -238,14 +238,6 @@ while True:  # stores until killed, eight 8 MiB objects in flight at a time
     print("stored", wait_for_future(c, c.submit_batch_set(keys, data))[1], flush=True)
     n += 1
 """
-
-
-def session_resources(gateway: Gateway) -> tuple[int, int]:
-    """The gateway's open fds and its mappings of session shared memory."""
-    assert gateway.proc is not None
-    pid = gateway.proc.pid
-    maps = Path(f"/proc/{pid}/maps").read_text()
-    return len(os.listdir(f"/proc/{pid}/fd")), maps.count("memfd:adp-session")
 
 
 def test_a_client_killed_mid_transfer_frees_its_session(gateway: Gateway) -> None:

@@ -1,32 +1,32 @@
-"""Goal: imports flow one way. The plugin uses only the gateway's wire-level modules, and the
-gateway's lower layers never import the upper ones."""
+"""Goal: imports flow one way. The plugin (lmcache_adp) and the gateway (adp_gateway) share the
+contract package adp_wire and import nothing of each other; adp_wire imports neither; inside
+each package, modules import only lower layers. Test modules import no other test module (shared
+helpers live in tests/support), and bench/ uses product code and tests/support only."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("adp_wire", "adp_gateway", "lmcache_adp")
+# The one gateway module the plugin may still use (for its adapter_params).
 PLUGIN_MAY_USE = {
-    "adp_gateway.checksum",  # zero-copy ops exchange payload checksums
-    "adp_gateway.fragmenter",  # ... one per fragment, split as the gateway splits
-    "adp_gateway.protocol",
-    "adp_gateway.ring.layout",
-    "adp_gateway.ring.queue",
-    "adp_gateway.errors",
-    "adp_gateway.fields",
-    "adp_gateway.units",
-    "adp_gateway.tenants",  # the token file format
+    "adp_gateway.fields",  # moves to adp_wire.settings with the pydantic settings
 }
-# A module may import only modules of a strictly lower layer.
-LAYERS = [
-    {"adp_gateway.errors", "adp_gateway.checksum"},
-    {"adp_gateway.units"},
-    {"adp_gateway.fields", "adp_gateway.ring.layout"},
-    {"adp_gateway.ring.queue", "adp_gateway.protocol", "adp_gateway.format", "adp_gateway.l1"},
+# A module may import only modules of a strictly lower layer of its own package.
+WIRE_LAYERS = [
+    {"adp_wire.errors", "adp_wire.checksum", "adp_wire.fragmenter"},
+    {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout"},
+    {"adp_wire.ring.queue", "adp_wire.protocol"},
+    {"adp_wire.__main__"},
+]
+GATEWAY_LAYERS = [
+    {"adp_gateway.errors"},
+    {"adp_gateway.fields", "adp_gateway.format", "adp_gateway.l1"},
     {
         "adp_gateway.footer",
-        "adp_gateway.fragmenter",
         "adp_gateway.metrics",
         "adp_gateway.status",
         "adp_gateway.verify",
@@ -50,51 +50,107 @@ LAYERS = [
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},
 ]
+PACKAGES = {"adp_wire", "adp_wire.ring", "adp_gateway", "adp_gateway.backends"}
 
 
 def imports_of(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    """Every module name an import in ``path`` names, with ``from m import n`` giving both
+    ``m`` and ``m.n`` (``n`` may be a submodule). Imports inside functions count too."""
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-    return {n for n in names if n.split(".")[0] in ("adp_gateway", "lmcache_adp")}
+    return names
 
 
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
-def known(names: set[str]) -> set[str]:
-    modules = {module_name(p) for p in ROOT.glob("adp_gateway/**/*.py")}
-    return {n for n in names if n in modules}
+def modules(*folders: str) -> Iterator[tuple[str, Path]]:
+    for folder in folders:
+        for path in sorted(ROOT.glob(f"{folder}/**/*.py")):
+            yield module_name(path), path
 
 
-def test_plugin_imports_only_the_wire_modules_of_the_gateway() -> None:
-    for path in ROOT.glob("lmcache_adp/*.py"):
-        used = {n for n in known(imports_of(path)) if n.startswith("gateway.")}
-        assert used <= PLUGIN_MAY_USE, f"{path.name} imports {used - PLUGIN_MAY_USE}"
+def known(names: set[str], package: str) -> set[str]:
+    """The names that are modules of ``package`` (not classes or functions imported from one)."""
+    ours = {name for name, _ in modules(package)}
+    return {n for n in names if n in ours} - PACKAGES
 
 
-def test_gateway_layers_import_downward_only() -> None:
-    level = {name: i for i, layer in enumerate(LAYERS) for name in layer}
-    for path in ROOT.glob("adp_gateway/**/*.py"):
-        name = module_name(path)
-        if name.endswith("__init__") or name in (
-            "adp_gateway",
-            "adp_gateway.ring",
-            "adp_gateway.backends",
-        ):
+def top(names: set[str]) -> set[str]:
+    return {n.split(".")[0] for n in names}
+
+
+def test_the_plugin_imports_only_the_contract_of_the_gateway() -> None:
+    for name, path in modules("lmcache_adp"):
+        used = {n for n in imports_of(path) if n.split(".")[0] == "adp_gateway"} - {"adp_gateway"}
+        other = {n for n in used if not any(n.startswith(m) for m in PLUGIN_MAY_USE)}
+        assert not other, f"{name} imports {sorted(other)}: use adp_wire"
+
+
+def test_the_gateway_never_imports_the_plugin() -> None:
+    for name, path in modules("adp_gateway"):
+        assert "lmcache_adp" not in top(imports_of(path)), name
+
+
+def test_the_contract_imports_neither_side() -> None:
+    for name, path in modules("adp_wire"):
+        used = top(imports_of(path)) & {"adp_gateway", "lmcache_adp", "tests", "bench"}
+        assert not used, f"{name} imports {sorted(used)}"
+
+
+def check_layers(package: str, layers: list[set[str]]) -> None:
+    level = {name: i for i, layer in enumerate(layers) for name in layer}
+    for name, path in modules(package):
+        if name in PACKAGES:
             continue
-        assert name in level, f"{name} is missing from LAYERS"
-        for used in known(imports_of(path)) - {
-            "adp_gateway",
-            "adp_gateway.ring",
-            "adp_gateway.backends",
-        }:
+        assert name in level, f"{name} is missing from the layers of {package}"
+        for used in known(imports_of(path), package):
             assert level[used] < level[name], (
                 f"{name} (layer {level[name]}) imports {used} (layer {level[used]})"
             )
+
+
+def test_the_contract_layers_import_downward_only() -> None:
+    check_layers("adp_wire", WIRE_LAYERS)
+
+
+def test_the_gateway_layers_import_downward_only() -> None:
+    check_layers("adp_gateway", GATEWAY_LAYERS)
+
+
+def test_test_modules_import_only_shared_helpers_of_tests() -> None:
+    """No test module imports another (nor a helper inside another test folder): whatever two
+    of them share lives in tests/support, which imports no test module either."""
+    for name, path in modules("tests"):
+        used = {n for n in imports_of(path) if n.split(".")[0] == "tests"}
+        outside = {n for n in used if n != "tests" and not n.startswith("tests.support")}
+        assert not outside, f"{name} imports {sorted(outside)}: move what it needs to tests/support"
+
+
+def test_bench_imports_only_product_code_and_test_support() -> None:
+    for name, path in modules("bench"):
+        used = {n for n in imports_of(path) if n.split(".")[0] == "tests"}
+        outside = {n for n in used if n != "tests" and not n.startswith("tests.support")}
+        assert not outside, f"{name} imports {sorted(outside)}: only tests.support is shared"
+
+
+def test_no_name_in_tests_support_hides_one_of_its_modules() -> None:
+    """``import tests.support.X`` sets the attribute X of tests.support to the module, so a
+    function or class of the same name in tests/support/__init__.py would be replaced by it as
+    soon as any test imports that module (and ``from tests.support import X`` would then give
+    the module instead)."""
+    init = ROOT / "tests/support/__init__.py"
+    defined = set()
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    submodules = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
+    assert not defined & submodules, f"rename {sorted(defined & submodules)} in tests/support"

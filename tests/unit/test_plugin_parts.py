@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from adp_gateway.protocol import Op
+from adp_wire.protocol import Op
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.copier import Copier

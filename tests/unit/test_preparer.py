@@ -17,7 +17,7 @@ from adp_gateway.backends.regionlog import RegionLog
 from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
 from tests.support import wait_until
-from tests.unit.storage_helpers import REGION, extent, payload
+from tests.support.storage import REGION, extent, payload
 
 SIZE = 4096 + 8 * REGION
 

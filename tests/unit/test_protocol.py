@@ -13,7 +13,7 @@ import msgpack
 import pytest
 
 from adp_gateway.errors import GatewayError, ProtocolError
-from adp_gateway.protocol import (
+from adp_wire.protocol import (
     FRAME_BYTES_MAX,
     KEY_BYTES_MAX,
     PROTOCOL_VERSION,
@@ -185,7 +185,7 @@ def test_the_plugin_closes_the_fds_of_a_welcome_it_refuses(
 
 def test_a_welcome_whose_memory_cannot_be_used_is_a_protocol_error_without_leaks() -> None:
     """A window of 4,097 bytes maps, but its queues cannot be laid over it."""
-    from adp_gateway.ring.layout import RingLayout, create_shared
+    from adp_wire.ring.layout import RingLayout, create_shared
 
     memfd, _ = create_shared(RingLayout(1, 4096, 4097))
     doorbells = [os.eventfd(0), os.eventfd(0)]

@@ -18,7 +18,7 @@ from adp_gateway.backends.regionscan import RegionReader, aligned, first_header,
 from adp_gateway.errors import StartupError, StorageError
 from adp_gateway.footer import row_of
 from adp_gateway.format import Kind, RecordHeader, unpack_header, unpack_superblock
-from tests.unit.storage_helpers import REGION, extent, make_devices, payload
+from tests.support.storage import REGION, extent, make_devices, payload
 
 SIZE = 4096 + 4 * REGION  # superblock + four regions
 

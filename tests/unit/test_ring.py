@@ -12,7 +12,8 @@ import time
 import pytest
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.ring.layout import (
+from adp_wire.protocol import Op
+from adp_wire.ring.layout import (
     PAGE_BYTES,
     SQ_HEAD,
     SQ_TAIL,
@@ -21,7 +22,7 @@ from adp_gateway.ring.layout import (
     create_shared,
     map_shared,
 )
-from adp_gateway.ring.queue import (
+from adp_wire.ring.queue import (
     completion_consumer,
     completion_producer,
     submission_consumer,
@@ -36,7 +37,7 @@ def shared() -> memoryview:
 
 
 def entry(op_id: int) -> Submission:
-    return Submission(op_id, 1, 0, 0, op_id % 4, 10, 0, 123, 4096, 5000)
+    return Submission(op_id, Op.GET, 0, 0, op_id % 4, 10, 0, 123, 4096, 5000)
 
 
 def test_entries_arrive_in_order_and_the_queue_stops_when_full() -> None:

@@ -12,12 +12,12 @@ import pytest
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.errors import ProtocolError
 from adp_gateway.metrics import Metrics
-from adp_gateway.protocol import Op, Status, encode_keys
-from adp_gateway.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
-from adp_gateway.ring.queue import completion_consumer
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
-from tests.unit.storage_helpers import REGION, open_store
+from adp_wire.protocol import Op, Status, encode_keys
+from adp_wire.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
+from adp_wire.ring.queue import completion_consumer
+from tests.support.storage import REGION, open_store
 
 LAYOUT = RingLayout(slots=4, arena_bytes=64 * 2**10, window_bytes=8 * PAGE_BYTES)
 FAR = 2**63

@@ -13,7 +13,7 @@ from adp_gateway import config as gateway_config
 from adp_gateway import fields
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import ConfigError, StartupError
-from adp_gateway.units import parse_size
+from adp_wire.units import parse_size
 from lmcache_adp.config import ADPParams, parse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from adp_gateway.backends.base import Device
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.backends.regionlog import RegionLog
 from adp_gateway.store import Store
-from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
+from tests.support.storage import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * REGION
 

@@ -15,7 +15,7 @@ from adp_gateway import store as store_module
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.config import GatewayConfig, resolve_capacity
 from adp_gateway.store import Store
-from tests.unit.storage_helpers import REGION, extent, open_store, payload
+from tests.support.storage import REGION, extent, open_store, payload
 
 SIZE = 4096 + 8 * REGION  # one database of eight regions
 

@@ -14,10 +14,10 @@ from adp_gateway import config as gateway_config
 from adp_gateway.backends.filedevice import FileDevice
 from adp_gateway.backends.regionlog import Pools
 from adp_gateway.errors import ConfigError
-from adp_gateway.protocol import Hello
 from adp_gateway.store import Store
 from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
-from tests.unit.storage_helpers import REGION, extent, open_store, payload
+from adp_wire.protocol import Hello
+from tests.support.storage import REGION, extent, open_store, payload
 
 ROOT_PEER = Peer(100, 0, 0)
 USER_PEER = Peer(101, 1000, 1000)

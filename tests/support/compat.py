@@ -1,5 +1,5 @@
 """Helpers of the compatibility suite: a venv per LMCache release, LMCache's own harnesses run
-from it, and a vLLM-like client (tests/compat/vllm_client.py) against a running server."""
+from it, and a vLLM-like client (tests/support/vllm_client.py) against a running server."""
 
 from __future__ import annotations
 
@@ -98,10 +98,10 @@ def bench_l2(bin_dir: Path, spec: str, out: Path, *args: str) -> dict[str, dict[
 def client(
     bin_dir: Path, server: LMCacheServer, action: str, seed: int, *extra: str
 ) -> tuple[int, dict[str, Any]]:
-    """tests/compat/vllm_client.py run by ``bin_dir``'s Python: exit status, its JSON line."""
+    """tests/support/vllm_client.py run by ``bin_dir``'s Python: exit status, its JSON line."""
     result = run(
         [
-            *(str(bin_dir / "python"), "-m", "tests.compat.vllm_client"),
+            *(str(bin_dir / "python"), "-m", "tests.support.vllm_client"),
             *("--port", str(server.port), "--http-port", str(server.http_port)),
             *("--timeout", "30", "--deadline", "150", action, "--seed", str(seed), *extra),
         ],

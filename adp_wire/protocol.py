@@ -2,7 +2,7 @@
 
 The handshake runs over the gateway's Unix socket as length-prefixed msgpack maps. The gateway
 answers a ``Hello`` with a ``Welcome`` and three fds by SCM_RIGHTS: the memfd holding the rings,
-arenas and transfer window (adp_gateway/ring/layout.py), the client's submit doorbell and its
+arenas and transfer window (adp_wire/ring/layout.py), the client's submit doorbell and its
 completion doorbell (eventfds). A client whose L1 lies in a shared-memory segment sends that
 segment's fd with its hello (``l1_bytes`` says its size); ``Welcome.l1_attached`` says whether the
 gateway took it for zero-copy ops. After that the socket carries nothing; it stays open so each
@@ -23,8 +23,8 @@ from typing import Any
 
 import msgpack
 
-from adp_gateway.errors import HandshakeRefused, ProtocolError
-from adp_gateway.ring.layout import align_up
+from adp_wire.errors import HandshakeRefused, ProtocolError
+from adp_wire.ring.layout import align_up
 
 PROTOCOL_VERSION = 3
 FRAME_BYTES_MAX = 64 * 1024

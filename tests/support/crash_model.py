@@ -1,5 +1,5 @@
 """What the crash test's driver and controller share: object content, the model of what each
-key may hold, and the event log that both replay into it (tests/crash/driver.py writes it,
+key may hold, and the event log that both replay into it (tests/support/crash_driver.py writes it,
 tests/crash/test_crash.py reads it)."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from adp_wire.ring.layout import PAGE_BYTES as PAGE
+
 EXIT_VIOLATION = 3
 ABSENT = 0  # the state of a key with no object (never stored, deleted); lengths are > 0
-PAGE = 4096
 FRAGMENT_BYTES = 256 * 2**10  # the crash configs' fragment_size (test_crash.py writes it)
 # (length, weight): a few KiB to a few MiB; unaligned lengths, a fragment exactly, one byte
 # more (two fragments), and objects of 3 and 11 fragments striped over both databases. With L1

@@ -11,8 +11,8 @@ from adp_gateway.backends.base import Device
 from adp_gateway.backends.filedevice import FileDevice
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.backends.regionlog import Pools, RegionLog
-from adp_gateway.ring.layout import align_up
 from adp_gateway.store import Store
+from adp_wire.ring.layout import align_up
 
 REGION = 256 * 2**10
 FRAGMENT = 64 * 2**10

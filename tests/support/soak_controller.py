@@ -1,6 +1,6 @@
 """The soak test's controller: one gateway process, four client processes
-(tests/soak/client.py), the kill schedule, the clients' models rebuilt from their event logs,
-and the summary. What it checks and why is in tests/soak/test_soak.py.
+(tests/support/soak_client.py), the kill schedule, the clients' models rebuilt from their event
+logs, and the summary. What it checks and why is in tests/soak/test_soak.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.crash.model import FRAGMENT_BYTES, Model, apply, key_name
-from tests.soak.sampling import (
+from tests.support import BIN, Gateway, Process, wait_until
+from tests.support.crash_model import FRAGMENT_BYTES, Model, apply, key_name
+from tests.support.soak_sampling import (
     SHMEM_DRAINED_MIB_MAX,
     Lifetime,
     Sampler,
@@ -28,7 +29,6 @@ from tests.soak.sampling import (
     growth_findings,
     read_sample,
 )
-from tests.support import BIN, Gateway, Process, wait_until
 
 CLIENTS = 4
 KEYS_PER_CLIENT = 200
@@ -340,7 +340,7 @@ class Soak:
         state_path = self.workdir / f"state-{client.index}.json"
         state_path.write_text(json.dumps(state))
         events_path = self.workdir / f"events-{client.index}-{client.run:03d}.jsonl"
-        argv = [sys.executable, "-m", "tests.soak.client"]
+        argv = [sys.executable, "-m", "tests.support.soak_client"]
         argv += ["--socket", str(self.gateway.socket_path), "--state", str(state_path)]
         argv += ["--events", str(events_path), "--seed", str(self.rng.randrange(2**32))]
         argv += ["--client", str(client.index), "--keys-per-client", str(KEYS_PER_CLIENT)]
@@ -528,7 +528,7 @@ class Soak:
 
 
 def _remove_l1_segment(pid: int) -> None:
-    """The shared-memory L1 a killed client could not remove itself (tests/crash/driver.py)."""
+    """The shared-memory L1 a killed client could not remove itself (see crash_driver.py)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(f"/dev/shm/lmcache_l1_pool_crash{pid}")
 

@@ -1,6 +1,7 @@
 """The crash test's driver process: random ops through the real plugin, every event logged.
 
-    python -m tests.crash.driver --socket PATH --state STATE.json --events EVENTS.jsonl --seed N
+    python -m tests.support.crash_driver --socket PATH --state STATE.json \\
+        --events EVENTS.jsonl --seed N
 
 It runs for one gateway lifetime: the controller (tests/crash/test_crash.py) starts it once the
 gateway is up and checked, SIGKILLs the gateway at a random moment, then stops this process
@@ -17,7 +18,8 @@ be in. A load hit must hold ``content(key, length)`` for the length it was issue
 length must be one the key may hold; anything else is a ``violation`` line, and the driver stops
 and exits with ``EXIT_VIOLATION``.
 
-What driver and controller share (``content``, ``Model``, ``replay``) is in tests/crash/model.py.
+What driver and controller share (``content``, ``Model``, ``replay``) is in
+tests/support/crash_model.py.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from lmcache_adp import ADPConnector
-from tests.crash.model import (
+from tests.support.crash_model import (
     ABSENT,
     BATCH_KEYS_MAX,
     EXIT_VIOLATION,
@@ -359,7 +361,7 @@ class Driver:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.crash.driver")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.crash_driver")
     parser.add_argument("--socket", required=True, help="the gateway's Unix socket")
     parser.add_argument("--state", required=True, help="JSON: the model, strict and budget")
     parser.add_argument("--events", required=True, help="JSON-lines file the events go to")

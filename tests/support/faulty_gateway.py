@@ -1,6 +1,7 @@
-"""A real gateway process whose databases fail on command, for tests/integration/test_faults.py.
+"""A real gateway process whose databases fail on command (the fault, lane, scheduling and
+zero-copy tests of tests/integration). ``FaultyGateway`` starts one and sends it commands.
 
-    python -m tests.integration.faulty_gateway serve [adp-gateway serve's flags]
+    python -m tests.support.faulty_gateway serve [adp-gateway serve's flags]
 
 It is ``adp-gateway serve`` with each database's device wrapped in a FaultyDevice
 (adp_gateway/backends/faulty.py). One JSON command per line on stdin is applied, then logged as
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 from adp_gateway.__main__ import parser, serve_until_stopped
 from adp_gateway.backends.base import Device
 from adp_gateway.backends.faulty import FaultyDevice
+from tests.support import Gateway, wait_until
 
 log = logging.getLogger("faulty_gateway")
 
@@ -80,6 +83,21 @@ def main() -> int:
 
     threading.Thread(target=read_commands, args=(devices,), daemon=True).start()
     return serve_until_stopped(args, wrap)
+
+
+class FaultyGateway(Gateway):
+    stdin = subprocess.PIPE
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "tests.support.faulty_gateway", "serve", *self.args]
+
+    def inject(self, **command: object) -> None:
+        line = json.dumps(command)
+        mark = len(self.log())
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        wait_until(lambda: f"applied {line}" in self.log()[mark:], 10, f"fault {line}")
 
 
 if __name__ == "__main__":

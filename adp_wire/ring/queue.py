@@ -25,8 +25,8 @@ import platform
 import struct
 from typing import Any, Generic, TypeVar
 
-from adp_gateway.errors import ProtocolError, UnsupportedHost
-from adp_gateway.ring.layout import (
+from adp_wire.errors import ProtocolError, UnsupportedHost
+from adp_wire.ring.layout import (
     COMPLETION,
     CQ_HEAD,
     CQ_TAIL,

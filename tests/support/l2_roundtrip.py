@@ -1,6 +1,6 @@
 """Store or verify objects through LMCache's own L2 adapter stack (factory + native_plugin wrapper).
 
-    python -m tests.integration.l2_roundtrip store|verify ADAPTER_JSON COUNT SIZE SEED
+    python -m tests.support.l2_roundtrip store|verify ADAPTER_JSON COUNT SIZE SEED
 
 Each object gets its own seeded random bytes, so ``verify`` (exit 0 only if every object loads
 byte-exact) catches swapped, stale or partial objects. Run ``store`` and ``verify`` in different

@@ -1,6 +1,6 @@
 """The real gateway with one planted leak, for the soak test's self-tests (tests/soak/test_soak.py).
 
-    python -m tests.soak.leaky_gateway fds|memory serve ARGS...
+    python -m tests.support.leaky_gateway fds|memory serve ARGS...
 
 ``fds``: every closed session leaves a dup of its submission eventfd open.
 ``memory``: every store keeps ``LEAK_PER_STORE_BYTES`` of private memory for good.

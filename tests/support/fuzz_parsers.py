@@ -3,7 +3,7 @@
 One module, two drivers. tests/fuzz/test_properties.py draws each target's input with
 hypothesis; ``main`` lets atheris (libFuzzer, coverage guided) draw it from its byte strings::
 
-    python -m tests.fuzz.fuzz_parsers -atheris_runs=100000 -seed=1
+    python -m tests.support.fuzz_parsers -atheris_runs=100000 -seed=1
 
 A target draws its input through a ``Source`` (a few primitive draws that either driver can
 answer), runs the parser and checks what came back. What must hold, for every input:
@@ -49,7 +49,6 @@ import msgpack
 
 from adp_gateway import footer as footer_module
 from adp_gateway import format as record_format
-from adp_gateway import fragmenter, protocol
 from adp_gateway.backends import regionscan
 from adp_gateway.backends.memory import MemoryDevice
 from adp_gateway.backends.regionlog import RegionLog
@@ -78,7 +77,11 @@ from adp_gateway.format import (
 )
 from adp_gateway.index import Manifest
 from adp_gateway.metrics import Metrics
-from adp_gateway.protocol import (
+from adp_gateway.scheduler import Scheduler
+from adp_gateway.session import Session
+from adp_gateway.store import Store
+from adp_wire import fragmenter, protocol
+from adp_wire.protocol import (
     FRAME_BYTES_MAX,
     KEY_BYTES_MAX,
     KEYS_PER_REQUEST_MAX,
@@ -90,8 +93,8 @@ from adp_gateway.protocol import (
     Welcome,
     encode_keys,
 )
-from adp_gateway.ring import queue as ring_queue
-from adp_gateway.ring.layout import (
+from adp_wire.ring import queue as ring_queue
+from adp_wire.ring.layout import (
     COMPLETION,
     CQ_HEAD,
     CQ_TAIL,
@@ -105,9 +108,6 @@ from adp_gateway.ring.layout import (
     align_up,
     map_shared,
 )
-from adp_gateway.scheduler import Scheduler
-from adp_gateway.session import Session
-from adp_gateway.store import Store
 
 U8, U16, U32, U64 = 2**8 - 1, 2**16 - 1, 2**32 - 1, 2**64 - 1
 SOCKET_TIMEOUT_S = 2.0  # the peer has closed its end: a read that waits this long is a hang

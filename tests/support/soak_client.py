@@ -1,11 +1,11 @@
 """The soak test's client process: the crash test's driver on one client's own slice of keys.
 
-    python -m tests.soak.client --socket PATH --state STATE.json --events EVENTS.jsonl \\
+    python -m tests.support.soak_client --socket PATH --state STATE.json --events EVENTS.jsonl \\
         --seed N --client C --keys-per-client K
 
-It is tests/crash/driver.py (the real plugin, up to ``INFLIGHT_MAX`` batches of stores, loads,
-EXISTS and deletes, every load hit checked byte for byte against ``content(key, length)``, every
-event logged as one JSON line) with three differences:
+It is tests/support/crash_driver.py (the real plugin, up to ``INFLIGHT_MAX`` batches of stores,
+loads, EXISTS and deletes, every load hit checked byte for byte against ``content(key, length)``,
+every event logged as one JSON line) with three differences:
 
 - Keys: client C works keys ``[C * K, (C + 1) * K)`` only. No two clients touch one key, so the
   per-key ordering the driver keeps (one op per key in flight) is all the ordering there is, and
@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from tests.crash.driver import Driver, _parser
-from tests.crash.model import HOT_KEYS
+from tests.support.crash_driver import Driver, _parser
+from tests.support.crash_model import HOT_KEYS
 
 
 class SoakClient(Driver):
@@ -72,7 +72,7 @@ def _read_floating(state_path: str) -> dict[int, list[int]]:
 
 def _soak_parser() -> argparse.ArgumentParser:
     parser = _parser()
-    parser.prog = "python -m tests.soak.client"
+    parser.prog = "python -m tests.support.soak_client"
     parser.add_argument("--client", type=int, required=True, help="which slice of keys")
     parser.add_argument("--keys-per-client", type=int, required=True)
     return parser

@@ -1,8 +1,10 @@
 """vLLM for the end-to-end suite: `run_vllm.py --stdin` in the e2e venv, one engine per process,
-fed one JSON request per line. The gateway and the LMCache server come from tests.support."""
+fed one JSON request per line, and the ``Stack`` of processes one test starts. The gateway and
+the LMCache server come from tests.support."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support import ROOT, Process
+from tests.support import ROOT, Gateway, LMCacheServer, Process, wait_until
 
 E2E_VENV = Path(os.environ.get("ADP_E2E_VENV", ROOT / ".venv-e2e"))
 E2E_BIN = E2E_VENV / "bin"
@@ -100,3 +102,56 @@ class Vllm(Process):
                 continue
             if line.startswith(tag + " "):
                 return dict(json.loads(line[len(tag) + 1 :]))
+
+
+class Stack:
+    """Starts gateways, LMCache servers and vLLM engines, and remembers them all."""
+
+    def __init__(self, workdir: Path, model: Path) -> None:
+        self.workdir = workdir
+        self.model = model
+        self.processes: list[Process] = []
+
+    def gateway(self) -> Gateway:
+        gateway = Gateway(self.workdir, "2GiB")
+        self.processes.append(gateway)
+        return gateway.start()
+
+    def server(self, gateway: Gateway, **params: object) -> LMCacheServer:
+        server = LMCacheServer(
+            self.workdir,
+            gateway.l2_adapter_json(**params),
+            tag=f"-{len(self.processes)}",
+            bin_dir=E2E_BIN,
+        )
+        self.processes.append(server)
+        return server.start()
+
+    def vllm(self, server: LMCacheServer | None) -> Vllm:
+        engine = Vllm(self.workdir, str(len(self.processes)))
+        self.processes.append(engine)
+        return engine.start(self.model, server.port if server else None)
+
+    def stop_all(self) -> None:
+        """Stop everything, then check that no process of theirs and no LMCache shm is left."""
+        for process in reversed(self.processes):
+            process.stop(signal.SIGKILL if process.name == "vllm" else signal.SIGTERM, 30)
+        groups = [p.proc.pid for p in self.processes if p.proc is not None]
+        for group in groups:  # workers, resource trackers: whatever a process left in its group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        wait_until(lambda: not any(map(_group_alive, groups)), 30, "every process to be gone")
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def shared_memory_files() -> set[Path]:
+    """What LMCache (lmcache_*) and vLLM's multiprocessing (psm_*, sem.mp-*) put in /dev/shm."""
+    shm = Path("/dev/shm")
+    return {p for pattern in ("lmcache_*", "psm_*", "sem.mp-*") for p in shm.glob(pattern)}

@@ -1,6 +1,6 @@
 """Build a tiny random-weight Llama and a byte-level BPE tokenizer offline, in seconds.
 
-python make_model.py DIR [--layers 2] [--hidden 128] [--seed 0]
+python tests/support/make_model.py DIR [--layers 2] [--hidden 128] [--seed 0]
 """
 
 from __future__ import annotations

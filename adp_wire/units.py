@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from adp_gateway.errors import ConfigError
+from adp_wire.errors import ConfigError
 
 _UNITS = {
     "": 1,

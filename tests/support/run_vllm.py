@@ -1,7 +1,7 @@
 """One vLLM (CPU) engine in this process; sends prompts of deterministic random token ids.
 
-    python run_vllm.py --model DIR [--lmcache-port P] [--seed S --len N --salt X]
-    python run_vllm.py --model DIR [--lmcache-port P] --stdin   # one JSON request per input line
+    python tests/support/run_vllm.py --model DIR [--lmcache-port P] [--seed S --len N --salt X]
+    python tests/support/run_vllm.py --model DIR [--lmcache-port P] --stdin  # a JSON request a line
 
 Without --lmcache-port, no KV connector. Each request prints one line
 `E2E_RESULT {"prompt_len", "num_cached_tokens", "output_token_ids", "elapsed_s", ...}`;

@@ -1,6 +1,6 @@
 """Store or check KV chunks through a running ``lmcache server`` the way vLLM does, on CPU.
 
-    python -m tests.compat.vllm_client --port P --http-port H store|check --seed S [--chunks N]
+    python -m tests.support.vllm_client --port P --http-port H store|check --seed S [--chunks N]
 
 It drives the server with LMCache's own vLLM integration layer (``LMCacheMPSchedulerAdapter``
 for lookups, ``LMCacheMPWorkerAdapter`` for stores and retrieves: what vLLM's

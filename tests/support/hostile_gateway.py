@@ -1,6 +1,6 @@
 """A process of another user standing in for the gateway, for tests/integration/test_trust.py.
 
-    python -m tests.integration.hostile_gateway SOCKET_PATH UID
+    python -m tests.support.hostile_gateway SOCKET_PATH UID
 
 Started as root, it binds SOCKET_PATH, becomes UID (setuid), then listens: the kernel reports
 the listener's credentials as they were at listen(), so a client sees UID behind the socket.

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from adp_gateway.errors import ProtocolError
+from adp_wire.errors import ProtocolError
 
 PAGE_BYTES = 4096
 MAGIC = b"ADPRING1"

@@ -1,7 +1,7 @@
 # mypy: disable-error-code="no-untyped-call"
 """Drive an lmcache server from a thread of the test process, through LMCache's own client classes.
 
-The client is tests/integration/mp_client.py's ``MPClient`` (LMCache's ZMQ request client and
+The client is tests/support/mp_client.py's ``MPClient`` (LMCache's ZMQ request client and
 engine-driven transfer context, as ``lmcache bench server --mode cpu`` uses them), run in a
 thread instead of one process per call: driving eight servers then costs one import of torch and
 LMCache rather than sixteen, on a 2-core machine. Each call opens its own client and closes it.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tests.integration.mp_client import MPClient, make_kv, make_tokens, tier_hits
 from tests.support import LMCacheServer, wait_until
+from tests.support.mp_client import MPClient, make_kv, make_tokens, tier_hits
 
 RPC_TIMEOUT_S = 30.0
 

@@ -1,4 +1,19 @@
-"""Real processes for tests: a gateway, an LMCache MP server, and a plugin's completion waiter.
+"""Every helper and fixture the test suites and bench/ share; no test module imports another.
+
+This module (standard library only, so that the scripts below also run from other venvs): real
+processes for tests, a gateway, an LMCache MP server, LMCache's MP client run against one, and a
+plugin's completion waiter. Beside it, one module per helper:
+
+- ``plugin``: ADPConnector helpers (reach the gateway, seeded objects, where fragments go)
+- ``storage``: a store over real or in-memory devices, for unit tests of the gateway's storage
+- ``faulty_gateway``, ``leaky_gateway``, ``hostile_gateway``: a gateway with faults on command,
+  with a planted leak, and another user's process standing in for it (run as scripts)
+- ``mp_client``, ``many_clients_driver``, ``l2_roundtrip``, ``vllm_client``: LMCache's own
+  clients and L2 adapter stack driven against a server (scripts, some run from other venvs)
+- ``crash_driver``, ``crash_model``: the crash test's client process and its model
+- ``soak_client``, ``soak_controller``, ``soak_sampling``: the soak test's parts
+- ``compat``: a venv per LMCache release; ``e2e_stack``, ``make_model``, ``run_vllm``: real vLLM
+- ``docker_image``: the image under test; ``fuzz_parsers``: fuzz targets and their oracles
 
 Every process is started in its own session and stopped (or killed) by the fixture that made it,
 pass or fail. Waits are on conditions, each with a bound.
@@ -24,7 +39,7 @@ from typing import Any
 os.environ["LMCACHE_TRACK_USAGE"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -256,3 +271,48 @@ def wait_for_future(connector: Any, future_id: int, timeout_s: float = 30) -> tu
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def session_resources(gateway: Gateway) -> tuple[int, int]:
+    """The gateway's open fds and its mappings of session shared memory."""
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return len(os.listdir(f"/proc/{pid}/fd")), maps.count("memfd:adp-session")
+
+
+def run_mp_client(server: LMCacheServer, action: str, seed: int, *extra: str) -> int:
+    """Run tests/support/mp_client.py (LMCache's MP client) against ``server``: its exit code."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.mp_client",
+            "--port",
+            str(server.port),
+            "--http-port",
+            str(server.http_port),
+            "--timeout",
+            "20",
+            "--deadline",
+            "90",
+            action,
+            "--seed",
+            str(seed),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    print(result.stdout[-3000:], result.stderr[-1500:])
+    return result.returncode
+
+
+def store_then_load_from_l2(server: LMCacheServer, seed: int, chunks: str = "2") -> None:
+    """Store chunks, wait for their L2 writes, empty L1, and check they come back from L2."""
+    assert run_mp_client(server, "store", seed, "--chunks", chunks) == 0
+    wait_until(server.l2_settled, 60, "the L2 stores to finish")
+    server.clear_l1()
+    assert run_mp_client(server, "check", seed, "--chunks", chunks, "--expect-tier", "l2") == 0
