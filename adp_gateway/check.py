@@ -21,8 +21,8 @@ from typing import Never
 
 from tqdm import tqdm
 
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.regionscan import (
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.recovery import (
     RegionReader,
     aligned,
     first_header,
@@ -30,9 +30,9 @@ from adp_gateway.backends.regionscan import (
     walk,
     write_footer,
 )
+from adp_gateway.card.software.sealing import row_of
 from adp_gateway.checksum import checksum
 from adp_gateway.errors import StartupError
-from adp_gateway.footer import row_of
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
 from adp_gateway.ring.layout import PAGE_BYTES, align_up
 from adp_gateway.units import format_size

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import config as config_module
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.groupsync import PeriodicSync
-from adp_gateway.backends.regionlog import Pools, RegionLog
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.groupsync import PeriodicSync
+from adp_gateway.card.software.regionlog import Pools, RegionLog
+from adp_gateway.card.software.store import Store
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError, StartupError
 from adp_gateway.health import DeviceHealth
@@ -45,7 +46,6 @@ from adp_gateway.ring.layout import RingLayout
 from adp_gateway.ring.queue import check_host
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
-from adp_gateway.store import Store
 from adp_gateway.tenants import Peer, Tenants
 from adp_gateway.units import format_size
 

@@ -27,6 +27,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 
+from adp_gateway.card.software.store import Store
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import Metrics
@@ -51,7 +52,6 @@ from adp_gateway.ring.layout import (
 )
 from adp_gateway.ring.queue import completion_producer, submission_consumer
 from adp_gateway.scheduler import Priority, Scheduler, Task
-from adp_gateway.store import Store
 from adp_gateway.units import format_size
 
 log = logging.getLogger(__name__)

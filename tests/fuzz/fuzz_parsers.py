@@ -47,14 +47,14 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from adp_gateway import footer as footer_module
 from adp_gateway import format as record_format
 from adp_gateway import fragmenter, protocol
-from adp_gateway.backends import regionscan
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.errors import HandshakeRefused, ProtocolError
-from adp_gateway.footer import (
+from adp_gateway.card.software import recovery as regionscan
+from adp_gateway.card.software import sealing as footer_module
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.index import Manifest
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import (
     ROW_FIELDS,
     TRAILER_BYTES,
     TRAILER_MAGIC,
@@ -62,6 +62,8 @@ from adp_gateway.footer import (
     pack_footer,
     pack_trailer,
 )
+from adp_gateway.card.software.store import Store
+from adp_gateway.errors import HandshakeRefused, ProtocolError
 from adp_gateway.format import (
     HEADER_BYTES,
     NAME_BYTES_MAX,
@@ -76,7 +78,6 @@ from adp_gateway.format import (
     pack_superblock,
     unpack_header,
 )
-from adp_gateway.index import Manifest
 from adp_gateway.metrics import Metrics
 from adp_gateway.protocol import (
     FRAME_BYTES_MAX,
@@ -107,7 +108,6 @@ from adp_gateway.ring.layout import (
 )
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
-from adp_gateway.store import Store
 
 U8, U16, U32, U64 = 2**8 - 1, 2**16 - 1, 2**32 - 1, 2**64 - 1
 SOCKET_TIMEOUT_S = 2.0  # the peer has closed its end: a read that waits this long is a hang

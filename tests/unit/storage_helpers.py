@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import Pools, RegionLog
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regionlog import Pools, RegionLog
+from adp_gateway.card.software.store import Store
 from adp_gateway.ring.layout import align_up
-from adp_gateway.store import Store
 
 REGION = 256 * 2**10
 FRAGMENT = 64 * 2**10

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends import filedevice
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.faulty import FaultyDevice
-from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.card.software.devices import filedevice
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.store import Store
 from adp_gateway.errors import StorageError
-from adp_gateway.store import Store
 from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 64 * REGION  # large enough that nothing is evicted in these runs

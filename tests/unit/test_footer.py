@@ -8,11 +8,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.backends.regionscan import RegionReader, first_header
-from adp_gateway.checksum import checksum
-from adp_gateway.footer import (
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.recovery import RegionReader, first_header
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import (
     TRAILER_BYTES,
     Trailer,
     pack_footer,
@@ -20,6 +19,7 @@ from adp_gateway.footer import (
     row_of,
     unpack_footer,
 )
+from adp_gateway.checksum import checksum
 from adp_gateway.format import Kind, RecordHeader, unpack_superblock
 from tests.unit.storage_helpers import REGION, extent, payload
 

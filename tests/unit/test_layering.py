@@ -18,6 +18,13 @@ PLUGIN_MAY_USE = {
     "adp_gateway.units",
     "adp_gateway.tenants",  # the token file format
 }
+PACKAGES = {
+    "adp_gateway",
+    "adp_gateway.ring",
+    "adp_gateway.card",
+    "adp_gateway.card.software",
+    "adp_gateway.card.software.devices",
+}
 # A module may import only modules of a strictly lower layer.
 LAYERS = [
     {"adp_gateway.errors", "adp_gateway.checksum"},
@@ -25,27 +32,27 @@ LAYERS = [
     {"adp_gateway.fields", "adp_gateway.ring.layout"},
     {"adp_gateway.ring.queue", "adp_gateway.protocol", "adp_gateway.format", "adp_gateway.l1"},
     {
-        "adp_gateway.footer",
+        "adp_gateway.card.software.sealing",
         "adp_gateway.fragmenter",
         "adp_gateway.metrics",
         "adp_gateway.status",
         "adp_gateway.verify",
         "adp_gateway.tenants",
-        "adp_gateway.backends.base",
-        "adp_gateway.backends.memory",
-        "adp_gateway.backends.filedevice",
+        "adp_gateway.card.software.devices.base",
+        "adp_gateway.card.software.devices.memory",
+        "adp_gateway.card.software.devices.filedevice",
     },
     {
-        "adp_gateway.backends.groupsync",
-        "adp_gateway.backends.regionscan",
-        "adp_gateway.backends.faulty",
-        "adp_gateway.backends.preparer",
+        "adp_gateway.card.software.devices.groupsync",
+        "adp_gateway.card.software.recovery",
+        "adp_gateway.card.software.devices.faulty",
+        "adp_gateway.card.software.devices.preparer",
         "adp_gateway.health",
     },
-    {"adp_gateway.backends.regions"},
-    {"adp_gateway.backends.regionlog", "adp_gateway.check"},
-    {"adp_gateway.index", "adp_gateway.tombstones"},
-    {"adp_gateway.store", "adp_gateway.scheduler", "adp_gateway.config"},
+    {"adp_gateway.card.software.regions"},
+    {"adp_gateway.card.software.regionlog", "adp_gateway.check"},
+    {"adp_gateway.card.software.index", "adp_gateway.card.software.tombstones"},
+    {"adp_gateway.card.software.store", "adp_gateway.scheduler", "adp_gateway.config"},
     {"adp_gateway.session"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},
@@ -83,18 +90,10 @@ def test_gateway_layers_import_downward_only() -> None:
     level = {name: i for i, layer in enumerate(LAYERS) for name in layer}
     for path in ROOT.glob("adp_gateway/**/*.py"):
         name = module_name(path)
-        if name.endswith("__init__") or name in (
-            "adp_gateway",
-            "adp_gateway.ring",
-            "adp_gateway.backends",
-        ):
+        if name.endswith("__init__") or name in PACKAGES:
             continue
         assert name in level, f"{name} is missing from LAYERS"
-        for used in known(imports_of(path)) - {
-            "adp_gateway",
-            "adp_gateway.ring",
-            "adp_gateway.backends",
-        }:
+        for used in known(imports_of(path)) - PACKAGES:
             assert level[used] < level[name], (
                 f"{name} (layer {level[name]}) imports {used} (layer {level[used]})"
             )

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends.faulty import FaultyDevice
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
+from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
 from tests.support import wait_until

@@ -10,13 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.faulty import FaultyDevice
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.backends.regionscan import RegionReader, aligned, first_header, read_footer, walk
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.recovery import (
+    RegionReader,
+    aligned,
+    first_header,
+    read_footer,
+    walk,
+)
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import row_of
 from adp_gateway.errors import StartupError, StorageError
-from adp_gateway.footer import row_of
 from adp_gateway.format import Kind, RecordHeader, unpack_header, unpack_superblock
 from tests.unit.storage_helpers import REGION, extent, make_devices, payload
 
@@ -93,7 +99,7 @@ def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
     import errno
     import os
 
-    from adp_gateway.backends import filedevice
+    from adp_gateway.card.software.devices import filedevice
 
     real_open = os.open
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.store import Store
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.store import Store
 from tests.unit.storage_helpers import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * REGION
@@ -145,8 +145,8 @@ def test_one_objects_fragments_use_both_databases_at_once() -> None:
 
 def test_recovery_refuses_fragments_that_do_not_cover_their_object() -> None:
     """Two 4 KiB fragments claiming a 1 MiB object would load as a hit with bytes never read."""
-    from adp_gateway.backends.regionlog import Location
-    from adp_gateway.store import _assemble
+    from adp_gateway.card.software.regionlog import Location
+    from adp_gateway.card.software.store import _assemble
 
     at = Location(0, 0, 1, 4096, 8192)
     whole = {0: (at, 8192, 0, 4096, 2), 1: (at, 8192, 4096, 4096, 2)}

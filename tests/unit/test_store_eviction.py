@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from adp_gateway import store as store_module
-from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.store import Store
 from adp_gateway.config import GatewayConfig, resolve_capacity
-from adp_gateway.store import Store
 from tests.unit.storage_helpers import REGION, extent, open_store, payload
 
 SIZE = 4096 + 8 * REGION  # one database of eight regions
@@ -127,7 +127,7 @@ def test_a_recovery_longer_than_a_second_logs_its_progress(
     flood(open_store([device]), 40, {})
     clock = iter(range(0, 1000, 1))  # every reading of the clock is a second later
     monkeypatch.setattr(store_module.time, "monotonic", lambda: float(next(clock)))
-    caplog.set_level(logging.INFO, logger="adp_gateway.store")
+    caplog.set_level(logging.INFO, logger="adp_gateway.card.software.store")
     open_store([device])
     lines = [r.getMessage() for r in caplog.records if "recovering:" in r.getMessage()]
     assert len(lines) >= 5 and lines[-1].startswith("recovering: 8 of 8 regions read (100 %)")

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from adp_gateway import config as gateway_config
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.regionlog import Pools
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.regionlog import Pools
+from adp_gateway.card.software.store import Store
 from adp_gateway.errors import ConfigError
 from adp_gateway.protocol import Hello
-from adp_gateway.store import Store
 from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from tests.unit.storage_helpers import REGION, extent, open_store, payload
 

@@ -1,6 +1,6 @@
 """The software card's parts: a database (its device, superblock and regions), a region and its
 state, a run of records written together, tenant pools, record locations. The region log
-(adp_gateway/backends/regionlog.py) decides what to do with them; these only hold state and do the
+(regionlog.py) decides what to do with them; these only hold state and do the
 database's own start-up I/O (superblock, format, which blocks were never written).
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.groupsync import GroupSync
-from adp_gateway.backends.preparer import unwritten_ranges
-from adp_gateway.backends.regionscan import aligned
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.groupsync import GroupSync
+from adp_gateway.card.software.devices.preparer import unwritten_ranges
+from adp_gateway.card.software.recovery import aligned
+from adp_gateway.card.software.sealing import TRAILER_BYTES, FooterRow, entry_bytes_max
 from adp_gateway.errors import StartupError
-from adp_gateway.footer import TRAILER_BYTES, FooterRow, entry_bytes_max
 from adp_gateway.format import (
     HEADER_BYTES,
     RecordHeader,
@@ -57,7 +57,7 @@ class Pools:
 
 
 class RegionRecords(NamedTuple):
-    """What a recovery found in one region: its records as footer rows (adp_gateway/footer.py)."""
+    """What a recovery found in one region: its records as footer rows (sealing.py)."""
 
     database: int
     region: int
@@ -84,7 +84,7 @@ class Region:
     prologue: list[memoryview] | None = None
     started: bool | None = True  # whether the first write landed; None while it is in flight
     carried: list[RecordHeader] = field(default_factory=list)  # to rewrite at the next filling
-    # Bytes from its start known to be written once (adp_gateway/backends/preparer.py): a region
+    # Bytes from its start known to be written once (devices/preparer.py): a region
     # that holds unwritten blocks costs more to fill the first time.
     prepared_bytes: int = 2**62
     preparing: bool = False  # held by the preparer: not free to take

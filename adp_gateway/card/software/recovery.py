@@ -1,7 +1,7 @@
 """Reading one region back without trusting anything (its footer, or a walk of its headers),
 and writing its footer.
 
-``read_footer`` returns what a sealed region's footer lists (adp_gateway/footer.py), or None. A
+``read_footer`` returns what a sealed region's footer lists (sealing.py), or None. A
 ``walk`` goes header by header from the region's start, through a 1 MiB read-ahead window so that
 small records cost one read per MiB, not one per record. It stops believing at a header that is
 invalid or of another epoch, and looks forward page by page for the next header of the same
@@ -13,9 +13,8 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Iterator
 
-from adp_gateway.backends.base import Device
-from adp_gateway.checksum import checksum
-from adp_gateway.footer import (
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.sealing import (
     TRAILER_BYTES,
     FooterRow,
     Trailer,
@@ -24,6 +23,7 @@ from adp_gateway.footer import (
     unpack_footer,
     unpack_trailer,
 )
+from adp_gateway.checksum import checksum
 from adp_gateway.format import HEADER_BYTES, RECORD_MAGIC, RecordHeader, unpack_header
 from adp_gateway.ring.layout import PAGE_BYTES, align_up
 

@@ -2,7 +2,7 @@
 
 Each device is ``[superblock 4 KiB][region 0][region 1]...``. Records (adp_gateway/format.py) are
 appended to the database's one open region. A full region is sealed: once its last write has
-landed, an index footer listing its records is written at its end (adp_gateway/footer.py), so a
+landed, an index footer listing its records is written at its end (sealing.py), so a
 restart reads one footer per region instead of every header.
 
 When no region is free, a sealed region is reclaimed whole, in approximate-LRU order: regions
@@ -19,7 +19,7 @@ no tenant ever evicts another's objects to make room. Every other tenant shares 
 
 Every record carries its region's epoch (a new one for every filling), so a scan never believes
 a record left from an older filling, and skips a hole left by a torn or failed write by looking
-for the next header of the same epoch (adp_gateway/backends/regionscan.py).
+for the next header of the same epoch (recovery.py).
 
 Every filling of a region starts with a header-only record naming its epoch (and then the
 tombstones it carries). It travels in the region's first write, in front of that write's
@@ -42,9 +42,17 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.preparer import Preparer, base_device
-from adp_gateway.backends.regions import (
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.preparer import Preparer, base_device
+from adp_gateway.card.software.recovery import (
+    RegionReader,
+    aligned,
+    first_header,
+    read_footer,
+    walk,
+    write_footer,
+)
+from adp_gateway.card.software.regions import (
     Database,
     Location,
     Pools,
@@ -54,16 +62,8 @@ from adp_gateway.backends.regions import (
     header_pages,
     pack_run,
 )
-from adp_gateway.backends.regionscan import (
-    RegionReader,
-    aligned,
-    first_header,
-    read_footer,
-    walk,
-    write_footer,
-)
+from adp_gateway.card.software.sealing import FooterRow, entry_bytes_max, row_of
 from adp_gateway.errors import StartupError, StorageError
-from adp_gateway.footer import FooterRow, entry_bytes_max, row_of
 from adp_gateway.format import (
     HEADER_BYTES,
     Kind,
@@ -462,7 +462,7 @@ class RegionLog:
 
     def prepare_in_background(self, idle_s: float = 0.2) -> None:
         """Write the never-written blocks of free regions while the disk is idle
-        (adp_gateway/backends/preparer.py); ``close`` stops it."""
+        (devices/preparer.py); ``close`` stops it."""
         self._preparer = Preparer(self, idle_s)
         self._preparer.start()
 

@@ -5,7 +5,7 @@ manifest is published in the index; a delete removes the manifest first, then ap
 tombstone, and so does an overwrite with another length before it writes the new version. On
 restart, ``recover`` rebuilds the index from the records on disk: the newest complete version of
 each object wins unless a newer tombstone deletes it. Tombstones outlive the records they shadow
-(adp_gateway/tombstones.py).
+(tombstones.py).
 
 The store tells the region log which records it uses (``retain``/``release``), so eviction
 reclaims emptied regions (deleted or overwritten objects) before it evicts anything.
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from adp_gateway import fragmenter
-from adp_gateway.backends.regionlog import Location, RegionLog
+from adp_gateway.card.software.index import Index, Manifest, ObjectId
+from adp_gateway.card.software.regionlog import Location, RegionLog
+from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.checksum import checksum
 from adp_gateway.errors import StorageError
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, key_hash
-from adp_gateway.index import Index, Manifest, ObjectId
 from adp_gateway.ring.layout import PAGE_BYTES, align_up
-from adp_gateway.tombstones import Tombstones
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
