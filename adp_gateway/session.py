@@ -27,7 +27,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 
-from adp_gateway.card.software.store import Store
+from adp_gateway.card.base import Card
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import Metrics
@@ -72,7 +72,7 @@ class Session:
         tenant: str,
         peer: str,
         layout: RingLayout,
-        store: Store,
+        store: Card,
         scheduler: Scheduler,
         on_close: Callable[[Session], None],
         metrics: Metrics,

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from adp_gateway import config as gateway_config
-from adp_gateway.card.software.store import Store
+from adp_gateway.card.software.card import Store
 from adp_gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, decode_keys
 from adp_gateway.protocol import encode_keys as encode_request_keys
 from adp_gateway.ring.layout import Completion, RingLayout, Submission, align_up, create_shared

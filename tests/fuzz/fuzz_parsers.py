@@ -49,8 +49,10 @@ import msgpack
 
 from adp_gateway import format as record_format
 from adp_gateway import fragmenter, protocol
+from adp_gateway.card.software import card as software_card
 from adp_gateway.card.software import recovery as regionscan
 from adp_gateway.card.software import sealing as footer_module
+from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.index import Manifest
 from adp_gateway.card.software.regionlog import RegionLog
@@ -62,7 +64,6 @@ from adp_gateway.card.software.sealing import (
     pack_footer,
     pack_trailer,
 )
-from adp_gateway.card.software.store import Store
 from adp_gateway.errors import HandshakeRefused, ProtocolError
 from adp_gateway.format import (
     HEADER_BYTES,
@@ -619,12 +620,12 @@ FAR = 2**62  # a deadline that never passes
 REFUSED, ANSWERED, QUEUED = "refused", "answered", "queued"
 
 
-def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES) -> Store:
-    holder: list[Store] = []
+def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES) -> SoftwareCard:
+    holder: list[SoftwareCard] = []
     region_log = RegionLog(
         [device], STORE_REGION_BYTES, lambda *region: holder[0].on_reclaim(*region)
     )
-    store = Store(region_log, fragment_bytes, sync=True)
+    store = SoftwareCard(region_log, fragment_bytes, sync=True)
     holder.append(store)
     return store
 
@@ -639,7 +640,9 @@ def page_buffer(data: bytes) -> memoryview:
 class Client:
     """One session of the gateway, and the plugin's view of its shared memory."""
 
-    def __init__(self, session_id: int, tenant: str, store: Store, scheduler: Scheduler) -> None:
+    def __init__(
+        self, session_id: int, tenant: str, store: SoftwareCard, scheduler: Scheduler
+    ) -> None:
         ours, self._theirs = socket.socketpair()
         self.session = Session(
             session_id,
@@ -1365,7 +1368,7 @@ def verify_hit(
 
 @target
 def target_recovery(src: Source) -> None:
-    """Store.recover over such a device does not raise; every object it finds exists, and a
+    """SoftwareCard.recover over such a device does not raise; every object it finds exists, and a
     load of it either misses or returns bytes the raw device confirms (headers naming it,
     payloads matching their checksums, covering the whole object); the store then stores and
     loads a new object."""
@@ -1607,7 +1610,7 @@ def plant_walk(patch: Patch) -> None:
 @plants("recovery", AssertionError, "a bad hit")
 def plant_recovery(patch: Patch) -> None:
     """The store skips verifying what it loads."""
-    patch(Store, "_intact", lambda self, *args: True)
+    patch(software_card, "intact", lambda *args: True)
 
 
 # The atheris driver ----------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import msgpack
 import pytest
 
 from adp_gateway.card.software.devices.memory import MemoryDevice
-from adp_gateway.card.software.recovery import RegionReader, first_header
+from adp_gateway.card.software.devices.reader import RegionReader
+from adp_gateway.card.software.recovery import first_header
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.sealing import (
     TRAILER_BYTES,

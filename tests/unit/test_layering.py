@@ -32,7 +32,6 @@ LAYERS = [
     {"adp_gateway.fields", "adp_gateway.ring.layout"},
     {"adp_gateway.ring.queue", "adp_gateway.protocol", "adp_gateway.format", "adp_gateway.l1"},
     {
-        "adp_gateway.card.software.sealing",
         "adp_gateway.fragmenter",
         "adp_gateway.metrics",
         "adp_gateway.status",
@@ -44,15 +43,27 @@ LAYERS = [
     },
     {
         "adp_gateway.card.software.devices.groupsync",
-        "adp_gateway.card.software.recovery",
+        "adp_gateway.card.software.devices.reader",
         "adp_gateway.card.software.devices.faulty",
         "adp_gateway.card.software.devices.preparer",
         "adp_gateway.health",
     },
+    # The software card, one module per concern (docs/design.md, "The card seam").
     {"adp_gateway.card.software.regions"},
+    {
+        "adp_gateway.card.software.sealing",
+        "adp_gateway.card.software.eviction",
+        "adp_gateway.card.software.index",
+        "adp_gateway.card.software.tombstones",
+    },
+    {"adp_gateway.card.software.pools", "adp_gateway.card.software.preparation"},
+    {"adp_gateway.card.software.records", "adp_gateway.card.software.recovery"},
     {"adp_gateway.card.software.regionlog", "adp_gateway.check"},
-    {"adp_gateway.card.software.index", "adp_gateway.card.software.tombstones"},
-    {"adp_gateway.card.software.store", "adp_gateway.scheduler", "adp_gateway.config"},
+    {"adp_gateway.card.software.fragments", "adp_gateway.scheduler", "adp_gateway.config"},
+    # The card seam: the gateway above talks only to card.base (the loader picks the card).
+    {"adp_gateway.card.base"},
+    {"adp_gateway.card.memory", "adp_gateway.card.software.card"},
+    {"adp_gateway.card.loader"},
     {"adp_gateway.session"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},

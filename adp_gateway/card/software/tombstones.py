@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from adp_gateway.card.software.regionlog import Location
+from adp_gateway.card.software.regions import Location
 from adp_gateway.format import Kind, RecordHeader
 
 ObjectId = tuple[str, str]  # (tenant, key)
