@@ -49,7 +49,7 @@ import abc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from adp_gateway import fragmenter
 from adp_gateway.format import key_hash  # places an object's first fragment: part of the layout
@@ -98,6 +98,8 @@ class CardContext:
 
 class Card(abc.ABC):
     """A key-value card. Subclasses implement the abstract calls; the fragment plan is shared."""
+
+    persistent: ClassVar[bool]  # whether values survive a close and reopen (``recover``)
 
     @classmethod
     @abc.abstractmethod

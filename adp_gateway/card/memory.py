@@ -37,6 +37,8 @@ class _Value:
 
 
 class MemoryCard(Card):
+    persistent = False
+
     def __init__(
         self,
         databases: int,

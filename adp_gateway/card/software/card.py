@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 
 class SoftwareCard(Card):
+    persistent = True
+
     def __init__(
         self,
         region_log: RegionLog,
