@@ -24,22 +24,21 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from adp_gateway import fragmenter
 from adp_gateway.card.base import Card, CardContext, CardStatistics
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.fragments import FragmentIO, intact
 from adp_gateway.card.software.index import Index, Manifest, ObjectId
 from adp_gateway.card.software.pools import Pools
-from adp_gateway.card.software.recovery import ProgressLog, recover_objects
+from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.tombstones import Tombstones
-from adp_gateway.checksum import checksum
 from adp_gateway.config import GatewayConfig, region_quotas
 from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
 
 log = logging.getLogger(__name__)
+_COUNTED = ("loads", "load_misses", "stores", "stores_skipped", "verify_failures")
 
 
 class SoftwareCard(Card):
@@ -74,31 +73,7 @@ class SoftwareCard(Card):
     def open(cls, config: GatewayConfig, context: CardContext) -> SoftwareCard:
         """One database per path of the config, each a file (grown to its share of the
         capacity) or a block device."""
-        assert config.capacity is not None
-        paths = config.database_paths
-        per_database = config.capacity // len(paths)
-        devices: list[Device] = [
-            context.wrap_device(
-                database, path, FileDevice(path, per_database, grow=path not in config.devices)
-            )
-            for database, path in enumerate(paths)
-        ]
-        holder: list[SoftwareCard] = []
-        region_log = RegionLog(
-            devices,
-            config.region_size,
-            lambda *region: holder[0].on_reclaim(*region),
-            Pools(region_quotas(config)),
-        )
-        card = cls(
-            region_log,
-            config.fragment_size,
-            sync=config.sync == "always",
-            on_written=context.on_written,
-            prepare=config.prepare_databases,
-        )
-        holder.append(card)
-        return card
+        return _open(config, context)
 
     def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
         """The region log reclaims a region: forget its objects, return tombstones to carry."""
@@ -168,22 +143,7 @@ class SoftwareCard(Card):
         seq = self._next_seq()
         plan = self.fragment_plan(tenant, key, object_bytes)
 
-        def header_of(fragment: fragmenter.Fragment) -> RecordHeader:
-            payload = extent[fragment.offset : fragment.offset + fragment.length]
-            return RecordHeader(
-                Kind.DATA,
-                seq,
-                tenant,
-                key,
-                object_bytes,
-                fragment.offset,
-                fragment.length,
-                fragment.number,
-                len(plan),
-                checksum(payload) if checksums is None else checksums[fragment.number],
-            )
-
-        locations = self._fragments.write(header_of, extent, plan)
+        locations = self._fragments.write((tenant, key), seq, extent, plan, checksums)
         self._on_written()
         if self._sync:
             self._log.sync(synced | {loc.database for loc in locations})
@@ -270,20 +230,11 @@ class SoftwareCard(Card):
     def recover(self) -> int:
         """Rebuild the index from disk (recovery.py); returns the number of objects found.
         Then, when the config asks, the preparer starts writing never-written regions."""
-        found = recover_objects(self._log.scan(ProgressLog()))
-        for object_id, seq, at, shadowed in found.tombstones:
-            self._tombstones.add(object_id, seq, at, shadowed)
-        self.index.load(found.objects)
-        self._log.retain(
-            tuple(
-                loc
-                for objects in found.objects.values()
-                for m in objects.values()
-                for loc in m.locations
-            )
+        top_seq = rebuild(
+            self._log.scan(ProgressLog()), self.index, self._tombstones, self._log.retain
         )
         with self._seq_lock:
-            self._seq = itertools.count(found.top_seq + 1)
+            self._seq = itertools.count(top_seq + 1)
         if self._prepare:
             self._log.prepare_in_background()
         return len(self.index)
@@ -301,15 +252,39 @@ class SoftwareCard(Card):
             objects=len(self.index),
             used_bytes=self._log.used_bytes,
             capacity_bytes=self._log.capacity_bytes,
-            loads=self._counts["loads"],
-            load_misses=self._counts["load_misses"],
-            stores=self._counts["stores"],
-            stores_skipped=self._counts["stores_skipped"],
-            verify_failures=self._counts["verify_failures"],
             reclaims=self._log.reclaims,
             tombstones=len(self._tombstones),
+            **{name: self._counts[name] for name in _COUNTED},
         )
 
     def _next_seq(self) -> int:
         with self._seq_lock:
             return next(self._seq)
+
+
+def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
+    assert config.capacity is not None
+    paths = config.database_paths
+    per_database = config.capacity // len(paths)
+    devices: list[Device] = [
+        context.wrap_device(
+            database, path, FileDevice(path, per_database, grow=path not in config.devices)
+        )
+        for database, path in enumerate(paths)
+    ]
+    holder: list[SoftwareCard] = []
+    region_log = RegionLog(
+        devices,
+        config.region_size,
+        lambda *region: holder[0].on_reclaim(*region),
+        Pools(region_quotas(config)),
+    )
+    card = SoftwareCard(
+        region_log,
+        config.fragment_size,
+        sync=config.sync == "always",
+        on_written=context.on_written,
+        prepare=config.prepare_databases,
+    )
+    holder.append(card)
+    return card

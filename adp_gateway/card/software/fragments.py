@@ -33,12 +33,31 @@ class FragmentIO:
 
     def write(
         self,
-        header_of: Callable[[fragmenter.Fragment], RecordHeader],
+        object_id: ObjectId,
+        seq: int,
         extent: memoryview,
         plan: list[fragmenter.Fragment],
+        checksums: list[int] | None,
     ) -> list[Location]:
-        """Write each fragment of ``plan`` from ``extent`` as a record (``header_of`` makes its
-        header); return where fragment i landed. Raises StorageError."""
+        """Write version ``seq`` of an object, each fragment of ``plan`` from ``extent`` as a
+        record (its checksum computed here unless the client's ``checksums`` came with it);
+        return where fragment i landed. Raises StorageError."""
+        object_bytes = sum(fragment.length for fragment in plan)
+
+        def header_of(fragment: fragmenter.Fragment) -> RecordHeader:
+            payload = extent[fragment.offset : fragment.offset + fragment.length]
+            return RecordHeader(
+                Kind.DATA,
+                seq,
+                *object_id,
+                object_bytes,
+                fragment.offset,
+                fragment.length,
+                fragment.number,
+                len(plan),
+                checksum(payload) if checksums is None else checksums[fragment.number],
+            )
+
         groups: dict[int, list[fragmenter.Fragment]] = defaultdict(list)
         for fragment in plan:
             groups[fragment.database].append(fragment)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from adp_gateway.card.software.devices.reader import RegionReader
-from adp_gateway.card.software.index import Manifest, ObjectId
+from adp_gateway.card.software.index import Index, Manifest, ObjectId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regions import Database, Location, LogState, Region
 from adp_gateway.card.software.sealing import (
@@ -37,6 +37,7 @@ from adp_gateway.card.software.sealing import (
     unpack_footer,
     unpack_trailer,
 )
+from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.format import HEADER_BYTES, RECORD_MAGIC, Kind, RecordHeader, unpack_header
 from adp_gateway.ring.layout import PAGE_BYTES, align_up
 
@@ -120,6 +121,23 @@ class RegionScan:
             region.writes_inflight += 1
             self._sealer.write(db, region)
         return [row_of(offset, header) for offset, header in records]
+
+
+def rebuild(
+    found_regions: Iterable[RegionRecords],
+    index: Index,
+    tombstones: Tombstones,
+    retain: Callable[[tuple[Location, ...]], None],
+) -> int:
+    """Load what ``found_regions`` (a scan) hold into the empty ``index`` and ``tombstones``,
+    tell the log which records are in use (``retain``); return the highest sequence number."""
+    found = recover_objects(found_regions)
+    for object_id, seq, at, shadowed in found.tombstones:
+        tombstones.add(object_id, seq, at, shadowed)
+    index.load(found.objects)
+    objects = found.objects.values()
+    retain(tuple(loc for keys in objects for m in keys.values() for loc in m.locations))
+    return found.top_seq
 
 
 def recover_objects(found_regions: Iterable[RegionRecords]) -> Recovered:
