@@ -8,11 +8,11 @@ through the plugin first; then each sample is ``ADPConnector.submit_batch_exists
 until its completion is drained after the plugin's event fd fired (tests.support.wait_for_future,
 as LMCache waits).
 
-Inside the gateway (in this process): the gateway's own Store (adp_gateway.service.Gateway, not
+Inside the gateway (in this process): the gateway's own card (adp_gateway.service.Gateway, not
 listening) holding ``--index-entries`` objects, and a session's shared memory. A sample is what
 adp_gateway/session.py does for one EXISTS batch: take the submissions from the ring, check each,
 decode its keys (adp_gateway.protocol.decode_keys on the arena's bytes), check the deadline,
-Store.exists, count, write the per-key results into the arena and push the completion and ring
+Card.exists, count, write the per-key results into the arena and push the completion and ring
 the completion eventfd. The keys are split into ring requests the way the plugin splits them
 (at most RUN_BYTES_MAX bytes of keys each), so a 1,000-key batch is the requests the gateway
 really gets. Target: 1,000 keys under 1 ms p99.
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from adp_gateway import config as gateway_config
-from adp_gateway.card.software.card import Store
+from adp_gateway.card.base import Card
 from adp_gateway.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status, decode_keys
 from adp_gateway.protocol import encode_keys as encode_request_keys
 from adp_gateway.ring.layout import Completion, RingLayout, Submission, align_up, create_shared
@@ -117,7 +117,7 @@ def through_plugin(
 def inside_gateway(
     directory: Path, entries: int, object_bytes: int, rounds: int, batches: tuple[int, ...]
 ) -> dict[str, Any]:
-    """The gateway's own EXISTS path over its Store holding ``entries`` objects, in process."""
+    """The gateway's own EXISTS path over its card holding ``entries`` objects, in process."""
     workdir = directory / "exists-inside"
     workdir.mkdir(parents=True)
     config = gateway_config.load(
@@ -152,7 +152,7 @@ def inside_gateway(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _fill(store: Store, keys: list[str], object_bytes: int) -> None:
+def _fill(store: Card, keys: list[str], object_bytes: int) -> None:
     extent = memoryview(mmap.mmap(-1, align_up(object_bytes)))  # as the transfer window is
     for key in keys:
         store.put(TENANT, key, extent, object_bytes)
@@ -180,7 +180,7 @@ def plugin_runs(keys: list[str]) -> Iterator[list[str]]:
         yield run
 
 
-def _time_session_path(store: Store, arena_bytes: int, picks: list[list[str]]) -> dict[str, Any]:
+def _time_session_path(store: Card, arena_bytes: int, picks: list[list[str]]) -> dict[str, Any]:
     """Time adp_gateway/session.py's EXISTS sequence (Session.run -> _dispatch -> complete)."""
     requests_max = max(len(list(plugin_runs(keys))) for keys in picks)
     layout = RingLayout(max(8, requests_max), arena_bytes, mmap.PAGESIZE)
