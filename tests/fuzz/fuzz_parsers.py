@@ -114,7 +114,8 @@ U8, U16, U32, U64 = 2**8 - 1, 2**16 - 1, 2**32 - 1, 2**64 - 1
 SOCKET_TIMEOUT_S = 2.0  # the peer has closed its end: a read that waits this long is a hang
 T = TypeVar("T")
 
-# The fixed fields of the on-disk structures, as adp_gateway/format.py and footer.py pack them.
+# The fixed fields of the on-disk structures, as adp_gateway/format.py and
+# card/software/sealing.py pack them.
 HEADER_FIELDS = record_format._FIXED
 SUPERBLOCK_FIELDS = record_format._SUPERBLOCK
 TRAILER_FIELDS = footer_module._TRAILER
