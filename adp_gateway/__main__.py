@@ -24,7 +24,7 @@ from adp_gateway import config as config_module
 from adp_gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from adp_gateway.backends.base import Device
+    from adp_gateway.card.software.devices.base import Device
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,17 +21,11 @@ from typing import Never
 
 from tqdm import tqdm
 
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.regionscan import (
-    RegionReader,
-    aligned,
-    first_header,
-    read_footer,
-    walk,
-    write_footer,
-)
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.recovery import first_header, read_footer, walk
+from adp_gateway.card.software.sealing import row_of, write_footer
 from adp_gateway.errors import StartupError
-from adp_gateway.footer import row_of
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up

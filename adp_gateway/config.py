@@ -37,6 +37,10 @@ class GatewayConfig:
     )
     handshake_timeout_s: float = field(default=5.0, metadata={"minimum": 0.01})
     tenants: list[TenantConfig] = field(default_factory=list)
+    card: str = field(
+        default="software",
+        metadata={"help": "software, memory, or a vendor card's package.module:Class"},
+    )
     data_dirs: list[str] = field(default_factory=lambda: ["./adp-data"])
     databases_per_dir: int = field(default=1, metadata={"minimum": 1})
     devices: list[str] = field(default_factory=list)

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from adp_gateway.backends.base import Device
+from adp_gateway.card.software.devices.base import Device
 
 RECENT_S = 60.0
 

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import config as config_module
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.groupsync import PeriodicSync
-from adp_gateway.backends.regionlog import Pools, RegionLog
+from adp_gateway.card.base import Card, CardContext
+from adp_gateway.card.loader import open_card
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError, StartupError
 from adp_gateway.health import DeviceHealth
@@ -34,7 +34,6 @@ from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
-from adp_gateway.store import Store
 from adp_gateway.tenants import Peer, Tenants
 from adp_wire.protocol import (
     Hello,
@@ -101,37 +100,18 @@ class Gateway:
                 self.store.sync_all, self.config.sync_interval_ms / 1000
             )
 
-    def _open_store(self) -> Store:
+    def _open_store(self) -> Card:
+        """Open the card the config names (adp_gateway/card/loader.py) and rebuild its index."""
+
+        def wrap_device(database: int, path: str, device: Device) -> Device:
+            health = DeviceHealth(self._wrap_device(device), database, path)
+            self.devices.append(health)
+            return health
+
+        store = open_card(self.config, CardContext(self.scheduler.writes_landed, wrap_device))
         paths = self.config.database_paths
-        assert self.config.capacity is not None
-        per_database = self.config.capacity // len(paths)
-        self.devices = [
-            DeviceHealth(
-                self._wrap_device(FileDevice(p, per_database, grow=p not in self.config.devices)),
-                database,
-                p,
-            )
-            for database, p in enumerate(paths)
-        ]
-        devices: list[Device] = list(self.devices)
-        store_ref: list[Store] = []
-        region_log = RegionLog(
-            devices,
-            self.config.region_size,
-            lambda *region: store_ref[0].on_reclaim(*region),
-            Pools(config_module.region_quotas(self.config)),
-        )
-        store = Store(
-            region_log,
-            self.config.fragment_size,
-            sync=self.config.sync == "always",
-            on_written=self.scheduler.writes_landed,
-        )
-        store_ref.append(store)
         started = time.monotonic()
         count = store.recover()
-        if self.config.prepare_databases:
-            region_log.prepare_in_background()
         self.metrics.recovery_seconds.set(time.monotonic() - started)
         stats = store.statistics()
         log.info(

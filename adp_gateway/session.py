@@ -27,11 +27,11 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 
+from adp_gateway.card.base import Card
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Priority, Scheduler, Task
-from adp_gateway.store import Store
 from adp_wire.protocol import (
     CHECKSUM_BYTES,
     KEYS_PER_REQUEST_MAX,
@@ -72,7 +72,7 @@ class Session:
         tenant: str,
         peer: str,
         layout: RingLayout,
-        store: Store,
+        store: Card,
         scheduler: Scheduler,
         on_close: Callable[[Session], None],
         metrics: Metrics,

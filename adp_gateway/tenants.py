@@ -7,7 +7,7 @@ has a token file, the client sent the same token. With no tenants declared the g
 open mode: whoever can open the socket (mode 0660, ``socket_group``) may use any tenant name.
 
 A tenant with a ``quota`` owns whole regions of every database, at most its quota's worth, and
-evicts only its own objects to make room (adp_gateway/backends/regionlog.py). Tenants without one
+evicts only its own objects to make room (card/software/regionlog.py). Tenants without one
 share the regions nobody's quota reserves, and evict each other's objects in LRU order.
 """
 

@@ -113,7 +113,7 @@ def run_adp(
 
 
 def prepared_before(gateway_log: str, started_at: float) -> float:
-    """1.0 when the gateway had written its new database once (adp_gateway/backends/preparer.py)
+    """1.0 when the gateway had written its new database once (card/software/devices/preparer.py)
     before the stores' first round, else 0.0 (it prepares only while the disk is idle)."""
     for line in gateway_log.splitlines():
         if "are prepared" in line:

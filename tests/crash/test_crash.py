@@ -85,7 +85,7 @@ KEYS = 200
 DATABASES = 2
 REGION_BYTES = 2**20
 # A region's room not used for records, at most: less than one record when it is sealed, plus
-# record headers, its footer and trailer (adp_gateway/footer.py), with a margin.
+# record headers, its footer and trailer (adp_gateway/card/software/sealing.py), with a margin.
 REGION_OVERHEAD_BYTES = 64 * 2**10
 GATEWAY_YAML = f"""\
 databases_per_dir: {DATABASES}

@@ -4,7 +4,7 @@ zero-copy tests of tests/integration). ``FaultyGateway`` starts one and sends it
     python -m tests.support.faulty_gateway serve [adp-gateway serve's flags]
 
 It is ``adp-gateway serve`` with each database's device wrapped in a FaultyDevice
-(adp_gateway/backends/faulty.py). One JSON command per line on stdin is applied, then logged as
+(card/software/devices/faulty.py). One JSON command per line on stdin is applied, then logged as
 ``applied <line>``:
 
     {"database": 0, "fail": "read", "errno": 5, "count": 3}   the next 3 reads raise EIO
@@ -27,8 +27,8 @@ import threading
 from typing import Any
 
 from adp_gateway.__main__ import parser, serve_until_stopped
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.faulty import FaultyDevice
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.faulty import FaultyDevice
 from tests.support import Gateway, wait_until
 
 log = logging.getLogger("faulty_gateway")

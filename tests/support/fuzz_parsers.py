@@ -47,13 +47,15 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from adp_gateway import footer as footer_module
 from adp_gateway import format as record_format
-from adp_gateway.backends import regionscan
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.errors import HandshakeRefused, ProtocolError
-from adp_gateway.footer import (
+from adp_gateway.card.software import card as software_card
+from adp_gateway.card.software import recovery as regionscan
+from adp_gateway.card.software import sealing as footer_module
+from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.index import Manifest
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import (
     ROW_FIELDS,
     TRAILER_BYTES,
     TRAILER_MAGIC,
@@ -61,6 +63,7 @@ from adp_gateway.footer import (
     pack_footer,
     pack_trailer,
 )
+from adp_gateway.errors import HandshakeRefused, ProtocolError
 from adp_gateway.format import (
     HEADER_BYTES,
     NAME_BYTES_MAX,
@@ -75,11 +78,9 @@ from adp_gateway.format import (
     pack_superblock,
     unpack_header,
 )
-from adp_gateway.index import Manifest
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
-from adp_gateway.store import Store
 from adp_wire import fragmenter, protocol
 from adp_wire.protocol import (
     FRAME_BYTES_MAX,
@@ -113,7 +114,8 @@ U8, U16, U32, U64 = 2**8 - 1, 2**16 - 1, 2**32 - 1, 2**64 - 1
 SOCKET_TIMEOUT_S = 2.0  # the peer has closed its end: a read that waits this long is a hang
 T = TypeVar("T")
 
-# The fixed fields of the on-disk structures, as adp_gateway/format.py and footer.py pack them.
+# The fixed fields of the on-disk structures, as adp_gateway/format.py and
+# card/software/sealing.py pack them.
 HEADER_FIELDS = record_format._FIXED
 SUPERBLOCK_FIELDS = record_format._SUPERBLOCK
 TRAILER_FIELDS = footer_module._TRAILER
@@ -619,12 +621,12 @@ FAR = 2**62  # a deadline that never passes
 REFUSED, ANSWERED, QUEUED = "refused", "answered", "queued"
 
 
-def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES) -> Store:
-    holder: list[Store] = []
+def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES) -> SoftwareCard:
+    holder: list[SoftwareCard] = []
     region_log = RegionLog(
         [device], STORE_REGION_BYTES, lambda *region: holder[0].on_reclaim(*region)
     )
-    store = Store(region_log, fragment_bytes, sync=True)
+    store = SoftwareCard(region_log, fragment_bytes, sync=True)
     holder.append(store)
     return store
 
@@ -639,7 +641,9 @@ def page_buffer(data: bytes) -> memoryview:
 class Client:
     """One session of the gateway, and the plugin's view of its shared memory."""
 
-    def __init__(self, session_id: int, tenant: str, store: Store, scheduler: Scheduler) -> None:
+    def __init__(
+        self, session_id: int, tenant: str, store: SoftwareCard, scheduler: Scheduler
+    ) -> None:
         ours, self._theirs = socket.socketpair()
         self.session = Session(
             session_id,
@@ -1365,7 +1369,7 @@ def verify_hit(
 
 @target
 def target_recovery(src: Source) -> None:
-    """Store.recover over such a device does not raise; every object it finds exists, and a
+    """SoftwareCard.recover over such a device does not raise; every object it finds exists, and a
     load of it either misses or returns bytes the raw device confirms (headers naming it,
     payloads matching their checksums, covering the whole object); the store then stores and
     loads a new object."""
@@ -1607,7 +1611,7 @@ def plant_walk(patch: Patch) -> None:
 @plants("recovery", AssertionError, "a bad hit")
 def plant_recovery(patch: Patch) -> None:
     """The store skips verifying what it loads."""
-    patch(Store, "_intact", lambda self, *args: True)
+    patch(software_card, "intact", lambda *args: True)
 
 
 # The atheris driver ----------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import os
 import sys
 from typing import Any
 
-from adp_gateway import session, store
+from adp_gateway import session
 from adp_gateway.__main__ import main
+from adp_gateway.card.software import card as software_card
 
 LEAK_PER_STORE_BYTES = 64 * 2**10
 _kept: list[object] = []
@@ -31,13 +32,13 @@ def leak_fds() -> None:
 
 
 def leak_memory() -> None:
-    put = store.Store.put
+    put = software_card.SoftwareCard.put
 
-    def put_keeping_memory(self: store.Store, *args: Any, **kwargs: Any) -> None:
+    def put_keeping_memory(self: software_card.SoftwareCard, *args: Any, **kwargs: Any) -> None:
         _kept.append(b"\x01" * LEAK_PER_STORE_BYTES)
         put(self, *args, **kwargs)
 
-    store.Store.put = put_keeping_memory  # type: ignore[method-assign]
+    software_card.SoftwareCard.put = put_keeping_memory  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

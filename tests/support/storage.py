@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import Pools, RegionLog
-from adp_gateway.store import Store
+from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regionlog import Pools, RegionLog
 from adp_wire.ring.layout import align_up
 
 REGION = 256 * 2**10
@@ -24,10 +24,12 @@ def make_devices(kind: str, tmp_path: Path, count: int, size: int) -> list[Devic
     return [FileDevice(str(tmp_path / f"db{i}.adp"), size) for i in range(count)]
 
 
-def open_store(devices: list[Device], sync: bool = True, pools: Pools | None = None) -> Store:
-    holder: list[Store] = []
+def open_store(
+    devices: list[Device], sync: bool = True, pools: Pools | None = None
+) -> SoftwareCard:
+    holder: list[SoftwareCard] = []
     region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools)
-    store = Store(region_log, FRAGMENT, sync=sync)
+    store = SoftwareCard(region_log, FRAGMENT, sync=sync)
     holder.append(store)
     store.recover()
     return store

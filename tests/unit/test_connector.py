@@ -247,3 +247,33 @@ def test_start_up_is_never_held_up_by_a_missing_or_stopped_gateway(
         stopped.send_signal(signal.SIGCONT)
     connected(connector)  # and it connects once the gateway answers
     connector.close()
+
+
+def test_a_gateway_on_the_memory_card_serves_clients_through_the_same_seam(
+    make_gateway: Callable[..., Gateway], connect: Callable[..., ADPConnector], workdir: Path
+) -> None:
+    """`card: memory` in the config: the gateway above the seam is unchanged, and it stores,
+    finds, loads and deletes on the memory card; a restart starts it empty (it is volatile)."""
+    (workdir / "gateway.yaml").write_text("card: memory\n")
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    assert "recovered 0 objects" in gateway.log()
+    connector = connect(gateway, reconnect_interval_s=0.1)
+    connected(connector)
+    keys = [f"m@00000000@0@{i:064x}" for i in range(4)]
+    data = objects(len(keys), 4 * 2**20 + 5)  # two fragments each
+    assert wait_for_future(connector, connector.submit_batch_set(keys, views(data)))[1] is True
+    out = [bytearray(len(data[0])) for _ in keys]
+    assert wait_for_future(connector, connector.submit_batch_get(keys, views(out)))[3] == [
+        True
+    ] * len(keys)
+    assert out == data
+    assert wait_for_future(connector, connector.submit_batch_delete(keys[:1]))[3] == [True]
+    assert wait_for_future(connector, connector.submit_batch_exists(keys))[3] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+    gateway.restart()
+    connected(connector)
+    assert wait_for_future(connector, connector.submit_batch_exists(keys))[3] == [False] * 4

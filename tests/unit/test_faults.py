@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends import filedevice
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.faulty import FaultyDevice
-from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.software.devices import filedevice
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.errors import StorageError
-from adp_gateway.store import Store
 from tests.support.storage import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 64 * REGION  # large enough that nothing is evicted in these runs
@@ -69,7 +69,7 @@ class Oracle:
 
 
 def run(
-    store: Store,
+    store: SoftwareCard,
     oracle: Oracle,
     devices: list[FaultyDevice],
     rng: random.Random,
@@ -111,7 +111,7 @@ def run(
             pass  # a failed op: the oracle keeps both outcomes possible
 
 
-def check_key(store: Store, oracle: Oracle, key: str, require: bool) -> None:
+def check_key(store: SoftwareCard, oracle: Oracle, key: str, require: bool) -> None:
     allowed = oracle.allowed(key)
     manifest = store.index.get(("t", key))
     found = None if manifest is None else manifest.object_bytes

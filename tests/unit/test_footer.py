@@ -8,10 +8,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.backends.regionscan import RegionReader, first_header
-from adp_gateway.footer import (
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.devices.reader import RegionReader
+from adp_gateway.card.software.recovery import first_header
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import (
     TRAILER_BYTES,
     Trailer,
     pack_footer,

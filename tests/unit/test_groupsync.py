@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from adp_gateway.backends.groupsync import GroupSync, PeriodicSync
-from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.card.software.devices.groupsync import GroupSync, PeriodicSync
+from adp_gateway.card.software.devices.memory import MemoryDevice
 from tests.support import wait_until
 
 

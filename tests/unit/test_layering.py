@@ -26,31 +26,49 @@ GATEWAY_LAYERS = [
     {"adp_gateway.errors"},
     {"adp_gateway.fields", "adp_gateway.format", "adp_gateway.l1"},
     {
-        "adp_gateway.footer",
         "adp_gateway.metrics",
         "adp_gateway.status",
         "adp_gateway.verify",
         "adp_gateway.tenants",
-        "adp_gateway.backends.base",
-        "adp_gateway.backends.memory",
-        "adp_gateway.backends.filedevice",
+        "adp_gateway.card.software.devices.base",
+        "adp_gateway.card.software.devices.memory",
+        "adp_gateway.card.software.devices.filedevice",
     },
     {
-        "adp_gateway.backends.groupsync",
-        "adp_gateway.backends.regionscan",
-        "adp_gateway.backends.faulty",
-        "adp_gateway.backends.preparer",
+        "adp_gateway.card.software.devices.groupsync",
+        "adp_gateway.card.software.devices.reader",
+        "adp_gateway.card.software.devices.faulty",
+        "adp_gateway.card.software.devices.preparer",
         "adp_gateway.health",
     },
-    {"adp_gateway.backends.regions"},
-    {"adp_gateway.backends.regionlog", "adp_gateway.check"},
-    {"adp_gateway.index", "adp_gateway.tombstones"},
-    {"adp_gateway.store", "adp_gateway.scheduler", "adp_gateway.config"},
+    # The software card, one module per concern (docs/design.md, "The card seam").
+    {"adp_gateway.card.software.regions"},
+    {
+        "adp_gateway.card.software.sealing",
+        "adp_gateway.card.software.eviction",
+        "adp_gateway.card.software.index",
+        "adp_gateway.card.software.tombstones",
+    },
+    {"adp_gateway.card.software.pools", "adp_gateway.card.software.preparation"},
+    {"adp_gateway.card.software.records", "adp_gateway.card.software.recovery"},
+    {"adp_gateway.card.software.regionlog", "adp_gateway.check"},
+    {"adp_gateway.card.software.fragments", "adp_gateway.scheduler", "adp_gateway.config"},
+    # The card seam: the gateway above talks only to card.base (the loader picks the card).
+    {"adp_gateway.card.base"},
+    {"adp_gateway.card.memory", "adp_gateway.card.software.card"},
+    {"adp_gateway.card.loader"},
     {"adp_gateway.session"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},
 ]
-PACKAGES = {"adp_wire", "adp_wire.ring", "adp_gateway", "adp_gateway.backends"}
+PACKAGES = {
+    "adp_wire",
+    "adp_wire.ring",
+    "adp_gateway",
+    "adp_gateway.card",
+    "adp_gateway.card.software",
+    "adp_gateway.card.software.devices",
+}
 
 
 def imports_of(path: Path) -> set[str]:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends.faulty import FaultyDevice
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
+from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
 from tests.support import wait_until
@@ -49,9 +49,10 @@ def test_free_regions_are_written_once_in_the_background_around_a_live_record(
     log = RegionLog([device], REGION, lambda *r: [])
     data = payload(2, 50_000)
     location = log.append(0, header(1, 50_000), extent(data))
-    assert log.unprepared_regions() == 7  # the formatting wrote only each region's first page
+    # The formatting wrote only each region's first page.
+    assert log.preparation.unprepared_regions() == 7
     log.prepare_in_background(idle_s=0.0)
-    wait_until(lambda: log.unprepared_regions() == 0, 30, "the preparer to finish")
+    wait_until(lambda: log.preparation.unprepared_regions() == 0, 30, "the preparer to finish")
     unwritten = device.unwritten_ranges()
     region_zero_end = 4096 + REGION
     assert all(start < region_zero_end for start, _ in unwritten)  # only the open region's tail
@@ -75,7 +76,7 @@ def test_the_preparer_writes_past_a_fault_wrapper(tmp_path: Path) -> None:
     log = RegionLog([device], REGION, lambda *r: [])
     device.fail("write", errno.EIO)
     log.prepare_in_background(idle_s=0.0)
-    wait_until(lambda: log.unprepared_regions() == 0, 30, "the preparer to finish")
+    wait_until(lambda: log.preparation.unprepared_regions() == 0, 30, "the preparer to finish")
     with pytest.raises(StorageError):
         log.append(0, header(1, 8192), extent(bytes(8192)))
     log.close()
@@ -86,7 +87,7 @@ def test_a_region_being_prepared_is_given_back_when_the_log_may_need_it(tmp_path
     next progress report hands the region back, and the log may take it."""
     device = file_device(tmp_path)
     log = RegionLog([device], REGION, lambda *r: [])
-    claimed = log.claim_unprepared(idle_s=0.0)
+    claimed = log.preparation.claim_unprepared(idle_s=0.0)
     assert claimed is not None
     database, region, at, _ = claimed
     record = extent(payload(4, 200_000))
@@ -94,11 +95,12 @@ def test_a_region_being_prepared_is_given_back_when_the_log_may_need_it(tmp_path
     for seq in range(6):  # each record fills most of a region: five regions taken
         taken.add(log.append(0, header(seq, 200_000), record).region)
     assert region not in taken
-    assert not log.prepared(database, region, at, idle_s=0.0)  # one other free region left
+    # One other free region left: the region goes back to the log.
+    assert not log.preparation.prepared(database, region, at, idle_s=0.0)
     assert log.append(0, header(9, 200_000), record).region in (region, 7)
     log.close()
 
 
 def test_a_memory_device_has_nothing_to_prepare() -> None:
     log = RegionLog([MemoryDevice(SIZE)], REGION, lambda *r: [])
-    assert log.unprepared_regions() == 0
+    assert log.preparation.unprepared_regions() == 0

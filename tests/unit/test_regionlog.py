@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.faulty import FaultyDevice
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.backends.regionscan import RegionReader, aligned, first_header, read_footer, walk
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.recovery import first_header, read_footer, walk
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import row_of
 from adp_gateway.errors import StartupError, StorageError
-from adp_gateway.footer import row_of
 from adp_gateway.format import Kind, RecordHeader, unpack_header, unpack_superblock
 from tests.support.storage import REGION, extent, make_devices, payload
 
@@ -93,7 +94,7 @@ def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
     import errno
     import os
 
-    from adp_gateway.backends import filedevice
+    from adp_gateway.card.software.devices import filedevice
 
     real_open = os.open
 
@@ -270,7 +271,7 @@ def test_a_region_is_opened_by_its_first_write_not_by_a_write_of_its_own() -> No
     assert device.writes == [(region_start, 4096 + 4096 + 8192)]
     page = extent(bytes(4096))
     device.read([page], region_start)
-    first = unpack_header(page, log._databases[0].salt)
+    first = unpack_header(page, log.salt(0))
     assert first is not None and first.kind == Kind.REGION and first.epoch == location.epoch
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.errors import ProtocolError
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Scheduler

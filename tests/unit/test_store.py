@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.memory import MemoryDevice
-from adp_gateway.backends.regionlog import RegionLog
-from adp_gateway.store import Store
+from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regionlog import RegionLog
 from tests.support.storage import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * REGION
@@ -145,8 +145,8 @@ def test_one_objects_fragments_use_both_databases_at_once() -> None:
 
 def test_recovery_refuses_fragments_that_do_not_cover_their_object() -> None:
     """Two 4 KiB fragments claiming a 1 MiB object would load as a hit with bytes never read."""
-    from adp_gateway.backends.regionlog import Location
-    from adp_gateway.store import _assemble
+    from adp_gateway.card.software.recovery import _assemble
+    from adp_gateway.card.software.regions import Location
 
     at = Location(0, 0, 1, 4096, 8192)
     whole = {0: (at, 8192, 0, 4096, 2), 1: (at, 8192, 4096, 4096, 2)}
@@ -174,7 +174,9 @@ def test_a_store_reports_its_writes_landed_before_it_waits_for_its_sync() -> Non
     commit it waits for, so the scheduler can let the next store write meanwhile."""
     events: list[str] = []
     region_log = RegionLog([SyncLog(4096 + 8 * REGION, events)], REGION, lambda *r: [])
-    store = Store(region_log, 64 * 2**10, sync=True, on_written=lambda: events.append("written"))
+    store = SoftwareCard(
+        region_log, 64 * 2**10, sync=True, on_written=lambda: events.append("written")
+    )
     store.recover()
     events.clear()
     store.put("t", "k", extent(payload(1, 100_000)), 100_000)

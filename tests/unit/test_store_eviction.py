@@ -11,27 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway import store as store_module
-from adp_gateway.backends.memory import MemoryDevice
+from adp_gateway.card.software import recovery as recovery_module
+from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.config import GatewayConfig, resolve_capacity
-from adp_gateway.store import Store
 from tests.support.storage import REGION, extent, open_store, payload
 
 SIZE = 4096 + 8 * REGION  # one database of eight regions
 
 
-def read(store: Store, key: str, size: int) -> bytes | None:
+def read(store: SoftwareCard, key: str, size: int) -> bytes | None:
     out = extent(bytes(size))
     return bytes(out[:size]) if store.get("t", key, out, size) else None
 
 
-def region_of(store: Store, key: str) -> int:
+def region_of(store: SoftwareCard, key: str) -> int:
     manifest = store.index.get(("t", key))
     assert manifest is not None
     return manifest.locations[0].region
 
 
-def flood(store: Store, count: int, hot: dict[str, bytes], tag: str = "cold") -> None:
+def flood(store: SoftwareCard, count: int, hot: dict[str, bytes], tag: str = "cold") -> None:
     """Write ``count`` new 40 KB objects, reading every ``hot`` object after every fourth."""
     for i in range(count):
         store.put("t", f"{tag}{i}", extent(payload(i % 5, 40_000)), 40_000)
@@ -64,7 +64,7 @@ def test_deleted_objects_free_space_before_anything_live_is_evicted() -> None:
     assert store.exists("t", [f"b{i}" for i in range(count)]) == [True] * count
 
 
-def fill_region(store: Store, key: str) -> None:
+def fill_region(store: SoftwareCard, key: str) -> None:
     """Write filler until the open region is no longer the one holding ``key``."""
     region = region_of(store, key)
     i = 0
@@ -126,8 +126,8 @@ def test_a_recovery_longer_than_a_second_logs_its_progress(
     device = MemoryDevice(SIZE)
     flood(open_store([device]), 40, {})
     clock = iter(range(0, 1000, 1))  # every reading of the clock is a second later
-    monkeypatch.setattr(store_module.time, "monotonic", lambda: float(next(clock)))
-    caplog.set_level(logging.INFO, logger="adp_gateway.store")
+    monkeypatch.setattr(recovery_module.time, "monotonic", lambda: float(next(clock)))
+    caplog.set_level(logging.INFO, logger="adp_gateway.card.software.recovery")
     open_store([device])
     lines = [r.getMessage() for r in caplog.records if "recovering:" in r.getMessage()]
     assert len(lines) >= 5 and lines[-1].startswith("recovering: 8 of 8 regions read (100 %)")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from adp_gateway import config as gateway_config
-from adp_gateway.backends.filedevice import FileDevice
-from adp_gateway.backends.regionlog import Pools
+from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.regionlog import Pools
 from adp_gateway.errors import ConfigError
-from adp_gateway.store import Store
 from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from adp_wire.protocol import Hello
 from tests.support.storage import REGION, extent, open_store, payload
@@ -122,22 +122,22 @@ POOLS = Pools({"a": 3, "b": 3})
 OBJECT_BYTES = 40_000  # one fragment; about six per region
 
 
-def store_at(tmp_path: Path, pools: Pools = POOLS) -> Store:
+def store_at(tmp_path: Path, pools: Pools = POOLS) -> SoftwareCard:
     devices = [FileDevice(str(tmp_path / f"db{i}.adp"), DATABASE_BYTES) for i in range(2)]
     return open_store(devices, pools=pools)
 
 
-def put_all(store: Store, tenant: str, objects: dict[str, bytes]) -> None:
+def put_all(store: SoftwareCard, tenant: str, objects: dict[str, bytes]) -> None:
     for key, data in objects.items():
         store.put(tenant, key, extent(data), len(data))
 
 
-def read(store: Store, tenant: str, key: str, size: int = OBJECT_BYTES) -> bytes | None:
+def read(store: SoftwareCard, tenant: str, key: str, size: int = OBJECT_BYTES) -> bytes | None:
     out = extent(bytes(size))
     return bytes(out[:size]) if store.get(tenant, key, out, size) else None
 
 
-def flood(store: Store, tenant: str, times: int, check: Callable[[], None]) -> None:
+def flood(store: SoftwareCard, tenant: str, times: int, check: Callable[[], None]) -> None:
     """``tenant`` writes ``times`` its whole quota's worth of new objects."""
     _, limit = store._log.pool_bytes(tenant)
     for i in range(times * limit // OBJECT_BYTES):
@@ -146,7 +146,7 @@ def flood(store: Store, tenant: str, times: int, check: Callable[[], None]) -> N
             check()
 
 
-def within_quota(store: Store, tenant: str) -> None:
+def within_quota(store: SoftwareCard, tenant: str) -> None:
     held, limit = store._log.pool_bytes(tenant)
     assert held <= limit, f"tenant {tenant!r} holds {held} bytes, its quota is {limit}"
 

@@ -5,7 +5,7 @@ dead". The dead version's records stay on disk until their own regions are recla
 eviction reclaims regions in any order. If the tombstone's region went first, a restart would
 find the old version complete and bring it back. So when a region holding a tombstone is
 reclaimed while some record it shadows is still on disk, the tombstone is carried: rewritten at
-the start of the region's next filling (backends/regionlog.py). Only the newest tombstone
+the start of the region's next filling ((card/software/regionlog.py)). Only the newest tombstone
 of a key is kept; it shadows everything older.
 """
 
@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from adp_gateway.backends.regionlog import Location
+from adp_gateway.card.software.regions import Location
 from adp_gateway.format import Kind, RecordHeader
 
 ObjectId = tuple[str, str]  # (tenant, key)

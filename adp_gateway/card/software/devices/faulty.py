@@ -19,7 +19,7 @@ import random
 import threading
 import time
 
-from adp_gateway.backends.base import Device
+from adp_gateway.card.software.devices.base import Device
 
 SECTOR_BYTES = 512
 

@@ -8,7 +8,7 @@ fs_native pays that on every store, as it writes each object to a new file; a lo
 written once in advance pays it never again, as it only ever overwrites.
 
 So the preparer writes zeros over free regions that still hold unwritten blocks (the file
-device reports them, adp_gateway/backends/filedevice.py), one chunk at a time, only while the
+device reports them, filedevice.py), one chunk at a time, only while the
 database has had no other I/O for ``idle_s``, and gives a region back at once (progress kept)
 when the log may need it. A region it holds is not free: nothing else writes it meanwhile.
 """
@@ -20,7 +20,7 @@ import mmap
 import threading
 from typing import Protocol
 
-from adp_gateway.backends.base import Device
+from adp_gateway.card.software.devices.base import Device
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 8 * 2**20

@@ -1,4 +1,5 @@
-"""The index footer of a sealed region: its records' headers in one place, for a fast restart.
+"""Sealing a region: its index footer (its records' headers in one place, for a fast restart),
+the room a filling keeps for it, and the writing of it once the region's last write has landed.
 
 A sealed region ends with a footer (a msgpack list, one entry per record, padded to 4 KiB) right
 after its last record, and a trailer in the region's last 4 KiB page that locates the footer::
@@ -15,13 +16,17 @@ before it was written, a torn write) costs a scan, never data.
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
 
 import msgpack
 
+from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.regions import Database, LogState, Region
 from adp_gateway.format import HEADER_BYTES, RecordHeader
 from adp_wire.checksum import checksum
+from adp_wire.ring.layout import align_up
 
 TRAILER_MAGIC = b"ADPFOOT1"
 FOOTER_VERSION = 1
@@ -30,6 +35,7 @@ ENTRY_BYTES_MAX = 128  # msgpack of one entry without its names: 11 fields of at
 _TRAILER = struct.Struct("<8sHHIQQQQ")
 _CHECKSUM = struct.Struct("<Q")
 _CHECKSUM_OFFSET = TRAILER_BYTES - _CHECKSUM.size
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -119,3 +125,76 @@ def unpack_footer(blob: memoryview, trailer: Trailer, seed: int) -> list[FooterR
     if rows and {len(row) if type(row) is tuple else -1 for row in rows} != {ROW_FIELDS}:
         return None
     return list(rows)
+
+
+def fits(region: Region, header: RecordHeader, region_bytes: int) -> bool:
+    """Whether ``header``'s record, and its footer entry, still fit in ``region`` before the
+    footer and trailer it must keep room for."""
+    footer = align_up(region.footer_bytes + entry_bytes_max(header))
+    return region.used_bytes + header.record_bytes + footer + TRAILER_BYTES <= region_bytes
+
+
+def write_footer(
+    reader: RegionReader, salt: int, epoch: int, records: list[tuple[int, RecordHeader]]
+) -> bool:
+    """Write the footer of ``records`` right after the last one, and the trailer; False when it
+    does not fit. Raises OSError."""
+    records = sorted(records, key=lambda r: r[0])
+    footer_offset = records[-1][0] + records[-1][1].record_bytes if records else 0
+    blob = pack_footer(records)
+    padded = align_up(len(blob))
+    if footer_offset + padded + TRAILER_BYTES > reader.region_bytes:
+        return False
+    buf = aligned(padded)
+    buf[: len(blob)] = blob
+    trailer_page = aligned(TRAILER_BYTES)
+    trailer = Trailer(len(records), epoch, footer_offset, len(blob), checksum(blob, salt))
+    pack_trailer(trailer, trailer_page, salt)
+    reader.device.write([buf], reader.start + footer_offset)
+    reader.device.write([trailer_page], reader.start + reader.region_bytes - TRAILER_BYTES)
+    return True
+
+
+class Sealer:
+    """Writes a sealed region's footer once its last write has landed. A footer write counts in
+    the region's ``writes_inflight``, so the region is not reclaimed under it."""
+
+    def __init__(self, state: LogState) -> None:
+        self._state = state
+
+    def ready(self, region: Region) -> bool:
+        """Under the lock: whether the footer is due now; if so the caller writes it."""
+        if region.sealed and region.writes_inflight == 0 and region.records:
+            region.writes_inflight += 1  # the footer write: no reclaim meanwhile
+            return True
+        return False
+
+    def write(self, db: Database, region: Region) -> None:
+        """Write ``region``'s footer and trailer (counted in its writes_inflight)."""
+        try:
+            with self._state.lock:
+                records = list(region.records)
+                epoch = region.epoch
+            reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
+            if write_footer(reader, db.salt, epoch, records):
+                db.group_sync.wrote()
+            else:
+                log.warning("database %d region %d: no room for its footer", db.index, region.index)
+        except OSError as exc:
+            log.error("database %d region %d: footer not written: %s", db.index, region.index, exc)
+        finally:
+            with self._state.lock:
+                region.writes_inflight -= 1
+
+    def seal_open(self, db: Database) -> None:
+        """Seal ``db``'s open regions and write their footers (at close: a restart then reads
+        every region's footer rather than walking it)."""
+        with self._state.lock:
+            ready = []
+            for region in db.open.values():
+                region.sealed = True
+                if self.ready(region):
+                    ready.append(region)
+            db.open.clear()
+        for region in ready:
+            self.write(db, region)

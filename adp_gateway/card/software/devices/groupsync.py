@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from adp_gateway.backends.base import Device
+from adp_gateway.card.software.devices.base import Device
 
 log = logging.getLogger(__name__)
 

@@ -1,34 +1,34 @@
-"""The software card's parts: a database (its device, superblock and regions), a region and its
-state, a run of records written together, tenant pools, record locations. The region log
-(adp_gateway/backends/regionlog.py) decides what to do with them; these only hold state and do the
-database's own start-up I/O (superblock, format, which blocks were never written).
+"""The software card's state: a database (its device, superblock and regions), a region, a run
+of records written together, record locations, and the log's shared state. The modules of the
+region log (pools, eviction, records, sealing, recovery) decide what to do with them; these only
+hold state and do the database's own start-up I/O (superblock, format, which blocks were never
+written).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from adp_gateway.backends.base import Device
-from adp_gateway.backends.groupsync import GroupSync
-from adp_gateway.backends.preparer import unwritten_ranges
-from adp_gateway.backends.regionscan import aligned
+from adp_gateway.card.software.devices.base import Device
+from adp_gateway.card.software.devices.groupsync import GroupSync
+from adp_gateway.card.software.devices.preparer import unwritten_ranges
+from adp_gateway.card.software.devices.reader import aligned
 from adp_gateway.errors import StartupError
-from adp_gateway.footer import TRAILER_BYTES, FooterRow, entry_bytes_max
 from adp_gateway.format import (
     HEADER_BYTES,
     RecordHeader,
     Superblock,
-    pack_header,
     pack_superblock,
     unpack_superblock,
 )
-from adp_wire.ring.layout import PAGE_BYTES, align_up
+from adp_wire.ring.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -41,36 +41,15 @@ class Location(NamedTuple):
     record_bytes: int
 
 
-@dataclass(frozen=True)
-class Pools:
-    """Tenant with a quota -> the regions per database its pool may own; all other tenants
-    share the pool ``SHARED``, of the regions the limits leave."""
-
-    limits: Mapping[str, int] = field(default_factory=dict)
-    SHARED = ""
-
-    def of(self, tenant: str) -> str:
-        return tenant if tenant in self.limits else self.SHARED
-
-    def limit(self, pool: str, regions: int) -> int:
-        return self.limits.get(pool, regions - sum(self.limits.values()))
-
-
-class RegionRecords(NamedTuple):
-    """What a recovery found in one region: its records as footer rows (adp_gateway/footer.py)."""
-
-    database: int
-    region: int
-    epoch: int
-    start: int  # the region's offset on the device; a row's record is at start + row[0]
-    rows: list[FooterRow]
+SHARED_POOL = ""  # the pool of every tenant without a quota (pools.py)
+OnReclaim = Callable[[int, int, int], list[RecordHeader]]
 
 
 @dataclass
 class Region:
     index: int
     epoch: int = 0  # 0: free
-    pool: str = Pools.SHARED
+    pool: str = SHARED_POOL
     used_bytes: int = 0
     writes_inflight: int = 0  # record writes, and the footer's
     reads_inflight: int = 0  # a region being read is not reclaimed
@@ -84,14 +63,10 @@ class Region:
     prologue: list[memoryview] | None = None
     started: bool | None = True  # whether the first write landed; None while it is in flight
     carried: list[RecordHeader] = field(default_factory=list)  # to rewrite at the next filling
-    # Bytes from its start known to be written once (adp_gateway/backends/preparer.py): a region
+    # Bytes from its start known to be written once (devices/preparer.py): a region
     # that holds unwritten blocks costs more to fill the first time.
     prepared_bytes: int = 2**62
     preparing: bool = False  # held by the preparer: not free to take
-
-    def fits(self, header: RecordHeader, region_bytes: int) -> bool:
-        footer = align_up(self.footer_bytes + entry_bytes_max(header))
-        return self.used_bytes + header.record_bytes + footer + TRAILER_BYTES <= region_bytes
 
     def refill(self, epoch: int, now: int, pool: str) -> None:
         self.epoch, self.last_access, self.pool = epoch, now, pool
@@ -181,29 +156,25 @@ class Database:
         return salt
 
 
-class _HeaderPages(threading.local):
-    """Each I/O thread's page-aligned buffer for the headers of the records it writes or reads:
-    they are used only inside the thread's own synchronous pwritev/preadv and unpacked before
-    it returns, so one buffer per thread serves every call (an mmap per call cost 10 us)."""
+@dataclass
+class LogState:
+    """What the region log's parts share: the databases, the lock over every region's state
+    (held for bookkeeping, never across I/O), and the counters that order fillings."""
 
-    def __init__(self) -> None:
-        self.buffer = aligned(HEADER_BYTES)
+    databases: list[Database]
+    on_reclaim: OnReclaim
+    lock: threading.RLock = field(default_factory=threading.RLock)  # on_reclaim may re-enter
+    started: threading.Condition = field(init=False)  # a region's first write is over
+    next_epoch: int = 1
+    clock: itertools.count[int] = field(default_factory=lambda: itertools.count(1))  # accesses
+    reclaims: int = 0
 
-    def take(self, pages: int) -> memoryview:
-        if len(self.buffer) < pages * HEADER_BYTES:
-            self.buffer = aligned(align_up(pages * HEADER_BYTES, 16 * HEADER_BYTES))
-        return self.buffer[: pages * HEADER_BYTES]
+    def __post_init__(self) -> None:
+        self.started = threading.Condition(self.lock)
 
+    def region_of(self, location: Location) -> Region:
+        return self.databases[location.database].regions[location.region]
 
-header_pages = _HeaderPages()
-
-
-def pack_run(db: Database, run: Run, payloads: list[memoryview | None]) -> list[memoryview]:
-    """A run's buffers: each record's header page, then its payload (if any)."""
-    pages = header_pages.take(len(run.headers))
-    buffers = []
-    for i, (header, payload) in enumerate(zip(run.headers, payloads, strict=True)):
-        page = pages[i * HEADER_BYTES : (i + 1) * HEADER_BYTES]
-        pack_header(header, page, db.salt)
-        buffers += [page] if payload is None else [page, payload]
-    return buffers
+    def is_current(self, location: Location) -> bool:
+        """Whether the region still holds the filling ``location`` was written in."""
+        return self.region_of(location).epoch == location.epoch

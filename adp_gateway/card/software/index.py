@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from adp_gateway.backends.regionlog import Location
+from adp_gateway.card.software.regions import Location
 
 ObjectId = tuple[str, str]  # (tenant, key)
 

@@ -1,2 +1,0 @@
-"""Storage below the store: the software card (RegionLog) over devices (files, block devices,
-memory for tests)."""

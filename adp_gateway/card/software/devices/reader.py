@@ -1,0 +1,42 @@
+"""Page-aligned buffers (O_DIRECT's rule) and a read-ahead window over one region of a device,
+for the reads that do not trust what they read: recovery, sealing and ``adp-gateway check``."""
+
+from __future__ import annotations
+
+import mmap
+
+from adp_gateway.card.software.devices.base import Device
+from adp_wire.ring.layout import PAGE_BYTES, align_up
+
+READ_AHEAD_BYTES = 2**20
+
+
+def aligned(size: int) -> memoryview:
+    """A page-aligned, zeroed buffer (anonymous mmap), as O_DIRECT requires."""
+    return memoryview(mmap.mmap(-1, size))
+
+
+class RegionReader:
+    """Pages of one region, read through a window that moves forward."""
+
+    def __init__(self, device: Device, start: int, region_bytes: int) -> None:
+        self.device = device
+        self.start = start
+        self.region_bytes = region_bytes
+        self._buffer = aligned(READ_AHEAD_BYTES)
+        self._at = 0
+        self._length = 0
+
+    def page(self, offset: int, read_ahead: bool = True) -> memoryview:
+        """The 4 KiB page at ``offset`` from the region's start."""
+        if not (self._at <= offset and offset + PAGE_BYTES <= self._at + self._length):
+            ahead = READ_AHEAD_BYTES if read_ahead else PAGE_BYTES
+            self._length = min(ahead, self.region_bytes - offset)
+            self._at = offset
+            self.device.read([self._buffer[: self._length]], self.start + offset)
+        return self._buffer[offset - self._at : offset - self._at + PAGE_BYTES]
+
+    def read(self, offset: int, length: int) -> memoryview:
+        buf = aligned(align_up(length))
+        self.device.read([buf], self.start + offset)
+        return buf[:length]

@@ -1,0 +1,164 @@
+"""One object's fragments on the software card's databases: written and read in parallel (a
+thread pool per database, so a stalled drive cannot hold up another's), and each fragment read
+back checked against what the index says before anyone trusts it."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from adp_gateway.card.software.index import Manifest, ObjectId
+from adp_gateway.card.software.regionlog import Location, RegionLog
+from adp_gateway.errors import StorageError
+from adp_gateway.format import Kind, RecordHeader
+from adp_wire import fragmenter
+from adp_wire.checksum import checksum
+from adp_wire.ring.layout import align_up
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+class FragmentIO:
+    def __init__(self, region_log: RegionLog) -> None:
+        self._log = region_log
+        # Fragment I/O on every database but the caller's own, so one object uses every drive.
+        self._fragment_io = [
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"fragment-io-{d}")
+            for d in range(region_log.databases)
+        ]
+
+    def write(
+        self,
+        object_id: ObjectId,
+        seq: int,
+        extent: memoryview,
+        plan: list[fragmenter.Fragment],
+        checksums: list[int] | None,
+    ) -> list[Location]:
+        """Write version ``seq`` of an object, each fragment of ``plan`` from ``extent`` as a
+        record (its checksum computed here unless the client's ``checksums`` came with it);
+        return where fragment i landed. Raises StorageError."""
+        object_bytes = sum(fragment.length for fragment in plan)
+
+        def header_of(fragment: fragmenter.Fragment) -> RecordHeader:
+            payload = extent[fragment.offset : fragment.offset + fragment.length]
+            return RecordHeader(
+                Kind.DATA,
+                seq,
+                *object_id,
+                object_bytes,
+                fragment.offset,
+                fragment.length,
+                fragment.number,
+                len(plan),
+                checksum(payload) if checksums is None else checksums[fragment.number],
+            )
+
+        groups: dict[int, list[fragmenter.Fragment]] = defaultdict(list)
+        for fragment in plan:
+            groups[fragment.database].append(fragment)
+
+        def write(database: int) -> list[Location]:
+            records: list[tuple[RecordHeader, memoryview | None]] = []
+            for fragment in groups[database]:
+                padded = extent[fragment.offset : fragment.offset + align_up(fragment.length)]
+                records.append((header_of(fragment), padded))
+            return self._log.append_many(database, records)
+
+        written = self.each_database(write, list(groups))
+        placed = {
+            fragment.number: location
+            for database, fragments in groups.items()
+            for fragment, location in zip(fragments, written[database], strict=True)
+        }
+        return [placed[i] for i in range(len(plan))]
+
+    def read(self, manifest: Manifest, extent: memoryview) -> list[RecordHeader | None]:
+        """Every fragment's header, its payload read into ``extent``; the databases in
+        parallel. Raises StorageError."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for index, location in enumerate(manifest.locations):
+            groups[location.database].append(index)
+
+        def read(database: int) -> list[RecordHeader | None]:
+            indexes = groups[database]
+            payloads: list[memoryview | None] = []
+            for index in indexes:
+                offset = index * manifest.fragment_bytes
+                length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
+                payloads.append(extent[offset : offset + align_up(length)])
+            return self._log.read_many([manifest.locations[i] for i in indexes], payloads)
+
+        found = self.each_database(read, list(groups))
+        headers: list[RecordHeader | None] = [None] * len(manifest.locations)
+        for database, indexes in groups.items():
+            for index, header in zip(indexes, found[database], strict=True):
+                headers[index] = header
+        return headers
+
+    def each_database(self, work: Callable[[int], _T], databases: list[int]) -> dict[int, _T]:
+        """``work`` for each database, in parallel when there are several (one object's
+        fragments on several drives use them all at once). Raises the first StorageError."""
+        if len(databases) == 1:
+            return {databases[0]: work(databases[0])}
+        futures = {d: self._fragment_io[d].submit(work, d) for d in databases[1:]}
+        results: dict[int, _T] = {}
+        failure: StorageError | None = None
+        try:
+            results[databases[0]] = work(databases[0])
+        except StorageError as exc:
+            failure = exc
+        for database, future in futures.items():
+            try:
+                results[database] = future.result()
+            except StorageError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return results
+
+    def close(self) -> None:
+        for pool in self._fragment_io:
+            pool.shutdown()
+
+
+def intact(
+    object_id: ObjectId,
+    manifest: Manifest,
+    index: int,
+    header: RecordHeader | None,
+    extent: memoryview,
+    checksums: list[int] | None,
+) -> bool:
+    """Whether fragment ``index``, read into ``extent``, is what the index says. With
+    ``checksums`` its payload is the client's to verify: its checksum is appended there."""
+    offset = index * manifest.fragment_bytes
+    length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
+    expected = (Kind.DATA, object_id[0], object_id[1], manifest.seq, index, offset, length)
+    if header is None or expected != (
+        header.kind,
+        header.tenant,
+        header.key,
+        header.seq,
+        header.fragment_index,
+        header.fragment_offset,
+        header.fragment_bytes,
+    ):
+        log.warning(
+            "%s/%s: fragment %d at %s is not what the index says; reporting a miss",
+            *object_id,
+            index,
+            manifest.locations[index],
+        )
+        return False
+    if checksums is not None:
+        checksums.append(header.payload_checksum)
+        return True
+    if checksum(extent[offset : offset + length]) != header.payload_checksum:
+        log.warning("%s/%s: fragment %d failed its checksum; reporting a miss", *object_id, index)
+        return False
+    return True

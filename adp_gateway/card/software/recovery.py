@@ -1,0 +1,296 @@
+"""Recovery of the software card, all in one place: reading each region back without trusting
+anything (its footer, or a walk of its headers), then rebuilding the objects from its records.
+
+``read_footer`` returns what a sealed region's footer lists (sealing.py), or None. A ``walk``
+goes header by header from the region's start, through a 1 MiB read-ahead window so that small
+records cost one read per MiB, not one per record. It stops believing at a header that is
+invalid or of another epoch, and looks forward page by page for the next header of the same
+epoch (a torn or failed write leaves such a hole); each hole is reported to ``on_hole``.
+
+Every record carries its region's epoch (a new one for every filling), so a scan never believes
+a record left from an older filling. A region walked gets its footer written then, so the next
+restart is fast.
+
+``recover_objects`` turns the records into the index: the newest complete version of each
+object wins, unless a newer tombstone deletes it; a tombstone that still shadows a record on
+disk is kept (tombstones.py), so it is carried when its region is reclaimed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
+from adp_gateway.card.software.devices.reader import RegionReader
+from adp_gateway.card.software.index import Index, Manifest, ObjectId
+from adp_gateway.card.software.pools import Pools
+from adp_gateway.card.software.regions import Database, Location, LogState, Region
+from adp_gateway.card.software.sealing import (
+    TRAILER_BYTES,
+    FooterRow,
+    Sealer,
+    row_of,
+    unpack_footer,
+    unpack_trailer,
+)
+from adp_gateway.card.software.tombstones import Tombstones
+from adp_gateway.format import HEADER_BYTES, RECORD_MAGIC, Kind, RecordHeader, unpack_header
+from adp_wire.ring.layout import PAGE_BYTES, align_up
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int], None]
+Buried = tuple[ObjectId, int, Location, list[Location]]  # a tombstone: seq, where, what it shadows
+
+
+class RegionRecords(NamedTuple):
+    """What a recovery found in one region: its records as footer rows (sealing.py)."""
+
+    database: int
+    region: int
+    epoch: int
+    start: int  # the region's offset on the device; a row's record is at start + row[0]
+    rows: list[FooterRow]
+
+
+class Recovered(NamedTuple):
+    objects: dict[str, dict[str, Manifest]]  # tenant -> key -> newest live version
+    tombstones: list[Buried]
+    top_seq: int
+
+
+class RegionScan:
+    """Reads every region of the log back at start-up (before the first append)."""
+
+    def __init__(self, state: LogState, pools: Pools, sealer: Sealer) -> None:
+        self._state = state
+        self._pools = pools
+        self._sealer = sealer
+
+    def scan(self, progress: Progress | None = None) -> Iterator[RegionRecords]:
+        """Yield the records of every region in use; call once, before the first append.
+
+        A region with a valid footer is read from it; any other is walked header by header,
+        and gets its footer written then, so the next restart is fast.
+        """
+        total = sum(len(db.regions) for db in self._state.databases)
+        done = 0
+        for db in self._state.databases:
+            for region in db.regions:
+                rows = self._recover_region(db, region)
+                if rows:
+                    start = db.region_offset(region.index)
+                    yield RegionRecords(db.index, region.index, region.epoch, start, rows)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        regions = [r for db in self._state.databases for r in db.regions]
+        top = max((r.epoch for r in regions), default=0)
+        self._state.next_epoch = top + 1
+        self._state.clock = itertools.count(top + 1)
+
+    def _recover_region(self, db: Database, region: Region) -> list[FooterRow]:
+        reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
+        first = first_header(reader, db.salt)
+        if first is None:
+            return []
+        region.epoch = region.last_access = first.epoch
+        region.pool = self._pools.of(first.tenant)  # a quota since removed: the shared pool
+        region.sealed = True
+        rows = read_footer(reader, db.salt, first.epoch)
+        if rows:
+            region.used_bytes = rows[-1][0] + HEADER_BYTES + align_up(rows[-1][7])
+            return rows
+
+        def hole(at: int, resumed: int) -> None:
+            log.warning(
+                "database %d region %d: skipped damaged bytes %d..%d",
+                db.index,
+                region.index,
+                at,
+                resumed,
+            )
+
+        records = [r for r in walk(reader, db.salt, first.epoch, hole) if r[1].kind != Kind.REGION]
+        region.records = records
+        if records:
+            region.used_bytes = records[-1][0] + records[-1][1].record_bytes
+            region.writes_inflight += 1
+            self._sealer.write(db, region)
+        return [row_of(offset, header) for offset, header in records]
+
+
+def rebuild(
+    found_regions: Iterable[RegionRecords],
+    index: Index,
+    tombstones: Tombstones,
+    retain: Callable[[tuple[Location, ...]], None],
+) -> int:
+    """Load what ``found_regions`` (a scan) hold into the empty ``index`` and ``tombstones``,
+    tell the log which records are in use (``retain``); return the highest sequence number."""
+    found = recover_objects(found_regions)
+    for object_id, seq, at, shadowed in found.tombstones:
+        tombstones.add(object_id, seq, at, shadowed)
+    index.load(found.objects)
+    objects = found.objects.values()
+    retain(tuple(loc for keys in objects for m in keys.values() for loc in m.locations))
+    return found.top_seq
+
+
+def recover_objects(found_regions: Iterable[RegionRecords]) -> Recovered:
+    """The objects ``found`` (a scan's regions) hold: the index, the tombstones that still
+    shadow records, and the highest sequence number.
+
+    The newest complete version of each object wins, unless a newer tombstone deletes it.
+    Written for speed (100,000 objects in well under a second): it works on footer rows
+    and builds a Location and a Manifest only per record, nothing more.
+    """
+    best: dict[str, dict[str, Manifest]] = defaultdict(dict)  # tenant -> key -> newest
+    older: dict[ObjectId, list[Manifest]] = defaultdict(list)  # complete, superseded
+    fragmented: dict[tuple[ObjectId, int], dict[int, _Fragment]] = defaultdict(dict)
+    tombstones: dict[ObjectId, tuple[int, Location]] = {}
+    top_seq = 0
+    new = tuple.__new__  # what a NamedTuple's constructor calls, without its Python frame
+    for found in found_regions:
+        database, region, epoch, start = found.database, found.region, found.epoch, found.start
+        for offset, kind, seq, tenant, key, size, at, length, index, count, _ in found.rows:
+            if seq > top_seq:
+                top_seq = seq
+            record_bytes = HEADER_BYTES + ((length + PAGE_BYTES - 1) & -PAGE_BYTES)
+            location = new(Location, (database, region, epoch, start + offset, record_bytes))
+            if kind == _DATA and count == 1:  # the common case, kept lean
+                manifest = new(Manifest, (seq, size, size or 1, (location,)))
+                objects = best[tenant]
+                current = objects.setdefault(key, manifest)
+                if current is not manifest:
+                    _offer(objects, older, (tenant, key), manifest)
+            elif kind == _DATA:
+                fragmented[((tenant, key), seq)][index] = (location, size, at, length, count)
+            elif kind == _TOMBSTONE and tombstones.get((tenant, key), (0,))[0] < seq:
+                tombstones[(tenant, key)] = (seq, location)
+    for (object_id, seq), fragments in fragmented.items():
+        assembled = _assemble(seq, fragments)
+        if assembled is not None:
+            objects = best[object_id[0]]
+            if objects.setdefault(object_id[1], assembled) is not assembled:
+                _offer(objects, older, object_id, assembled)
+    buried: list[Buried] = []
+    for object_id, (seq, tombstone_at) in tombstones.items():
+        shadowed = [loc for m in older.get(object_id, ()) if m.seq < seq for loc in m.locations]
+        objects = best[object_id[0]]
+        newest = objects.get(object_id[1])
+        if newest is not None and newest.seq < seq:
+            shadowed.extend(newest.locations)
+            del objects[object_id[1]]
+        if shadowed:
+            buried.append((object_id, seq, tombstone_at, shadowed))
+    return Recovered(best, buried, top_seq)
+
+
+def first_header(reader: RegionReader, salt: int) -> RecordHeader | None:
+    """The header of the region's first record, which gives its epoch; None: a free region."""
+    return unpack_header(reader.page(0, read_ahead=False), salt)
+
+
+def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[FooterRow]:
+    """The rows a valid footer of this epoch lists; [] when there is none."""
+    trailer_at = reader.region_bytes - TRAILER_BYTES
+    trailer = unpack_trailer(reader.page(trailer_at, read_ahead=False), salt)
+    if trailer is None or trailer.epoch != epoch:
+        return []
+    # A footer lies page aligned before the trailer, and holds at least an empty msgpack array.
+    end = trailer.footer_offset + trailer.footer_bytes
+    if trailer.footer_offset % PAGE_BYTES or end > trailer_at or not trailer.footer_bytes:
+        return []
+    rows = unpack_footer(reader.read(trailer.footer_offset, trailer.footer_bytes), trailer, salt)
+    return rows or []
+
+
+def walk(
+    reader: RegionReader, salt: int, epoch: int, on_hole: Callable[[int, int], None]
+) -> Iterator[tuple[int, RecordHeader]]:
+    """Every valid record of ``epoch``, in order, as (offset from the region's start, header)."""
+    limit = reader.region_bytes - TRAILER_BYTES
+    offset = 0
+    while offset + HEADER_BYTES <= limit:
+        header = unpack_header(reader.page(offset), salt)
+        if header is None or header.epoch != epoch or offset + header.record_bytes > limit:
+            found = _next_header(reader, salt, epoch, offset + PAGE_BYTES, limit)
+            if found is None:
+                return
+            on_hole(offset, found)
+            offset = found
+            continue
+        yield offset, header
+        offset += header.record_bytes
+
+
+def _next_header(
+    reader: RegionReader, salt: int, epoch: int, offset: int, limit: int
+) -> int | None:
+    while offset + HEADER_BYTES <= limit:
+        page = reader.page(offset)
+        if page[:8] == RECORD_MAGIC:
+            header = unpack_header(page, salt)
+            if header is not None and header.epoch == epoch:
+                return offset
+        offset += PAGE_BYTES
+    return None
+
+
+_DATA, _TOMBSTONE = int(Kind.DATA), int(Kind.TOMBSTONE)
+_Fragment = tuple[Location, int, int, int, int]  # location, object bytes, offset, length, count
+
+
+def _offer(
+    objects: dict[str, Manifest],
+    older: dict[ObjectId, list[Manifest]],
+    object_id: ObjectId,
+    manifest: Manifest,
+) -> None:
+    """A second complete version of one object: keep the newer in ``objects``, the other in
+    ``older``."""
+    current = objects[object_id[1]]
+    if current.seq < manifest.seq:
+        older[object_id].append(current)
+        objects[object_id[1]] = manifest
+    else:
+        older[object_id].append(manifest)
+
+
+def _assemble(seq: int, fragments: dict[int, _Fragment]) -> Manifest | None:
+    """The manifest of one version from its fragments, or None when one is missing, they
+    disagree, or they do not cover the object exactly (fragment i at i * fragment bytes)."""
+    first = fragments.get(0)
+    if first is None:
+        return None
+    _, size, _, fragment_bytes, count = first
+    if set(fragments) != set(range(count)) or size > count * fragment_bytes:
+        return None
+    for i, (_, object_bytes, offset, length, fragment_count) in fragments.items():
+        expected = (size, i * fragment_bytes, min(fragment_bytes, size - i * fragment_bytes), count)
+        if expected[2] <= 0 or (object_bytes, offset, length, fragment_count) != expected:
+            return None
+    return Manifest(seq, size, fragment_bytes, tuple(fragments[i][0] for i in range(count)))
+
+
+class ProgressLog:
+    """Logs a recovery's progress once a second, when it takes that long."""
+
+    def __init__(self) -> None:
+        self._started = self._logged = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._logged >= 1.0:
+            self._logged = now
+            log.info(
+                "recovering: %d of %d regions read (%.0f %%), %.1f s",
+                done,
+                total,
+                100 * done / total,
+                now - self._started,
+            )
