@@ -55,9 +55,10 @@ RUN /opt/venv/bin/python -c 'import tomllib; print(*tomllib.load(open("/tmp/proj
 COPY README.md plugin_manifest.yaml /tmp/project/
 COPY lmcache_adp /tmp/project/lmcache_adp
 COPY adp_gateway /tmp/project/adp_gateway
+COPY adp_wire /tmp/project/adp_wire
 # setuptools came with torch: no build environment to fetch.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /tmp/project \
- && /opt/venv/bin/python -c 'import adp_gateway, lmcache_adp'
+ && /opt/venv/bin/python -c 'import adp_gateway, adp_wire, lmcache_adp'
 
 FROM ${BASE_IMAGE}
 ARG ADP_UID=10001

@@ -15,7 +15,7 @@ if ! command -v redis-server >/dev/null && command -v apt-get >/dev/null && [ "$
   } >/dev/null 2>&1 || echo "test.sh: could not install redis-server; the two-adapter test skips"
 fi
 cd "$ROOT"
-ruff check adp_gateway lmcache_adp tests bench deploy
-ruff format --check adp_gateway lmcache_adp tests bench deploy
+ruff check adp_gateway adp_wire lmcache_adp tests bench deploy
+ruff format --check adp_gateway adp_wire lmcache_adp tests bench deploy
 mypy
 python -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,1 @@
+"""The contract both sides of the ring share."""
