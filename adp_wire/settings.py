@@ -33,9 +33,10 @@ M = TypeVar("M", bound=BaseModel)
 
 class Settings(BaseModel):
     """Base of every settings model: no coercion (``"10"`` is not a number), no unknown keys,
-    no changes after construction. Ints are accepted where a float is expected."""
+    no changes after construction. Ints are accepted where a float is expected; NaN and the
+    infinities are not (a timeout of ``inf`` would break the promise that every op ends)."""
 
-    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # parse_size starts its message with the field name; build() puts the whole path there instead.
@@ -111,6 +112,7 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
 _EXPECTED = {
     "int_type": "an integer",
     "float_type": "a number",
+    "finite_number": "a finite number",
     "string_type": "a string",
     "bool_type": "true or false",
     "list_type": "a list",

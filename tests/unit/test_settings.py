@@ -52,6 +52,8 @@ def test_unknown_param_is_named_with_a_suggestion() -> None:
         ("tenant", 3),
         ("pending_ops_max", 1.5),
         ("op_timeout_s", 0),
+        ("op_timeout_s", float("inf")),
+        ("lookup_timeout_s", float("nan")),
         ("socket_path", 7),
         ("gateway_uids", ["root"]),
     ],
