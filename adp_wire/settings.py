@@ -81,17 +81,12 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
     """One pydantic error as ``field: what is wrong[: the fix]``."""
     loc, kind, value = error["loc"], error["type"], error.get("input")
     name = _path(root, loc)
-    if kind == "extra_forbidden":
-        known = sorted(_model_at(model, loc[:-1]).model_fields)
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        where = _path(root, loc[:-1])
-        return f"{where + ': ' if where else ''}unknown key {loc[-1]!r}{hint} (accepted: " + (
-            f"{', '.join(known)})"
-        )
-    if kind == "missing":
-        where = _path(root, loc[:-1])
-        return f"{where + ': ' if where else ''}missing key {loc[-1]!r}"
+    if kind in ("extra_forbidden", "missing"):
+        mapping = _path(root, loc[:-1])
+        lead = f"{mapping}: " if mapping else ""
+        if kind == "missing":
+            return f"{lead}missing key {loc[-1]!r}"
+        return f"{lead}unknown key {loc[-1]!r}{_suggest(str(loc[-1]), model, loc[:-1])}"
     ctx = error.get("ctx", {})
     if kind in ("greater_than_equal", "greater_than"):
         word = "at least" if kind == "greater_than_equal" else "more than"
@@ -106,7 +101,16 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
     expected = _EXPECTED.get(kind, error["msg"].lower())
     if kind == "list_type" and loc and isinstance(loc[-1], str):
         expected = _list_of(_model_at(model, loc[:-1]).model_fields[loc[-1]].annotation)
-    return f"{name}: expected {expected}, got {_kind_of(value)} {value!r}{_unquote(kind, value)}"
+    got = "null" if value is None else f"{_kind_of(value)} {value!r}"
+    return f"{name}: expected {expected}, got {got}{_unquote(kind, value)}"
+
+
+def _suggest(key: str, model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """'; did you mean X?' when a known key is close, then every key the mapping accepts."""
+    known = sorted(_model_at(model, loc).model_fields)
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (accepted: {', '.join(known)})"
 
 
 _EXPECTED = {
