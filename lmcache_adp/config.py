@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from adp_gateway.protocol import default_socket_path
-from adp_wire.settings import OneOrMany, Settings, build
+from adp_wire.settings import ByteSize, OneOrMany, Settings, build
 
 
 class ADPParams(Settings):
@@ -67,9 +67,8 @@ class ADPParams(Settings):
         description="threads that copy objects between L1 and the transfer window (a large "
         "object is split over them)",
     )
-    pending_store_bytes_max: int = Field(
+    pending_store_bytes_max: ByteSize = Field(
         default=256 * 2**20,
-        ge=0,
         description="bytes of stores waiting for room in the gateway's session; beyond it new "
         "stores fail at once (LMCache keeps the chunks in L1) instead of holding its buffers",
     )
