@@ -73,11 +73,13 @@ _SIZE_ALIGNED = ("region_size", "fragment_size", "session_arena_size", "session_
 
 def load(path: str | None, overrides: dict[str, Any]) -> GatewayConfig:
     """Read the YAML file at ``path`` (if any), apply non-None ``overrides`` and check it all."""
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    # Checked alone first, so a bad flag is blamed on the command line, not on the file.
+    build(GatewayConfig, flags, where="command line")
     values: dict[str, Any] = {}
     if path is not None:
         values = _read_yaml(path)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    config = build(GatewayConfig, values, where=path or "gateway config")
+    config = build(GatewayConfig, {**values, **flags}, where=path or "gateway config")
     return _check(config)
 
 

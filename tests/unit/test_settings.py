@@ -138,6 +138,13 @@ def test_bad_config_files_are_named(tmp_path: Path, text: str, match: str) -> No
         gateway_config.load(str(path), {})
 
 
+def test_a_bad_flag_is_blamed_on_the_command_line_not_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text("capacity: 8GiB\n")
+    with pytest.raises(ConfigError, match=r"^command line: capacity: cannot read 'lots'"):
+        gateway_config.load(str(path), {"capacity": "lots"})
+
+
 def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
