@@ -56,6 +56,7 @@ COPY README.md plugin_manifest.yaml /tmp/project/
 COPY adp_wire /tmp/project/adp_wire
 COPY lmcache_adp /tmp/project/lmcache_adp
 COPY adp_gateway /tmp/project/adp_gateway
+COPY adp_wire /tmp/project/adp_wire
 # setuptools came with torch: no build environment to fetch.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /tmp/project \
  && /opt/venv/bin/python -c 'import adp_wire, adp_gateway, lmcache_adp'

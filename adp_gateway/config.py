@@ -7,62 +7,53 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import Field
 
-from adp_gateway import fields
 from adp_gateway.errors import ConfigError, StartupError
 from adp_gateway.tenants import TenantConfig, check_tenants
 from adp_wire.protocol import default_socket_path
 from adp_wire.ring.layout import PAGE_BYTES
+from adp_wire.settings import ByteSize, OneOrMany, Settings, build
 from adp_wire.units import format_size
 
 AUTO_CAPACITY_BYTES_MAX = 64 * 2**30
 RECORD_OVERHEAD_BYTES_MAX = 16 * 2**10  # header, footer entry (names up to 4 KiB), trailer
 
 
-@dataclass(frozen=True)
-class GatewayConfig:
-    socket: str | None = field(
+class GatewayConfig(Settings):
+    socket: str | None = Field(
         default=None,
-        metadata={"help": "Unix socket clients connect to; null: protocol.default_socket_path"},
+        description="Unix socket clients connect to; null: protocol.default_socket_path",
     )
-    socket_group: str | None = field(default=None, metadata={"help": "group owning the socket"})
-    max_sessions: int = field(default=32, metadata={"minimum": 1})
-    metrics_address: str | None = field(
-        default=None, metadata={"help": "HOST:PORT of /metrics, /healthz, /readyz; null: off"}
+    socket_group: str | None = Field(default=None, description="group owning the socket")
+    max_sessions: int = Field(default=32, ge=1)
+    metrics_address: str | None = Field(
+        default=None, description="HOST:PORT of /metrics, /healthz, /readyz; null: off"
     )
-    handshake_timeout_s: float = field(default=5.0, metadata={"minimum": 0.01})
-    tenants: list[TenantConfig] = field(default_factory=list)
-    card: str = field(
-        default="software",
-        metadata={"help": "software, memory, or a vendor card's package.module:Class"},
-    )
-    data_dirs: list[str] = field(default_factory=lambda: ["./adp-data"])
-    databases_per_dir: int = field(default=1, metadata={"minimum": 1})
-    devices: list[str] = field(default_factory=list)
-    capacity: int | None = field(default=None, metadata={"size": True})
-    region_size: int = field(default=64 * 2**20, metadata={"size": True, "minimum": 2 * PAGE_BYTES})
-    fragment_size: int = field(default=4 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES})
+    handshake_timeout_s: float = Field(default=5.0, ge=0.01)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    # software, memory, or a vendor card's package.module:Class (adp_gateway/card/loader.py)
+    card: str = "software"
+    data_dirs: OneOrMany[str] = Field(default_factory=lambda: ["./adp-data"])
+    databases_per_dir: int = Field(default=1, ge=1)
+    devices: OneOrMany[str] = Field(default_factory=list)
+    capacity: ByteSize | None = None
+    region_size: ByteSize = Field(default=64 * 2**20, ge=2 * PAGE_BYTES)
+    fragment_size: ByteSize = Field(default=4 * 2**20, ge=PAGE_BYTES)
     prepare_databases: bool = True
-    io_threads: int = field(default=8, metadata={"minimum": 1})
-    sync: str = field(default="periodic", metadata={"choices": ("always", "periodic", "none")})
-    sync_interval_ms: int = field(default=100, metadata={"minimum": 1})
-    session_slots: int = field(default=128, metadata={"minimum": 1})
-    session_arena_size: int = field(
-        default=256 * 2**10, metadata={"size": True, "minimum": 64 * 2**10}
-    )
-    session_window_size: int = field(
-        default=512 * 2**20, metadata={"size": True, "minimum": PAGE_BYTES}
-    )
-    store_backlog_max: int = field(default=2 * 2**30, metadata={"size": True})
-    store_inflight_max: int = field(default=64 * 2**20, metadata={"size": True})
-    log_level: str = field(
-        default="INFO", metadata={"choices": ("DEBUG", "INFO", "WARNING", "ERROR")}
-    )
+    io_threads: int = Field(default=8, ge=1)
+    sync: Literal["always", "periodic", "none"] = "periodic"
+    sync_interval_ms: int = Field(default=100, ge=1)
+    session_slots: int = Field(default=128, ge=1)
+    session_arena_size: ByteSize = Field(default=256 * 2**10, ge=64 * 2**10)
+    session_window_size: ByteSize = Field(default=512 * 2**20, ge=PAGE_BYTES)
+    store_backlog_max: ByteSize = 2 * 2**30
+    store_inflight_max: ByteSize = 64 * 2**20
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @property
     def socket_path(self) -> str:
@@ -79,17 +70,18 @@ class GatewayConfig:
         return files + list(self.devices)
 
 
-# Fields whose default is a list; a YAML null means "the default" for those too.
 _SIZE_ALIGNED = ("region_size", "fragment_size", "session_arena_size", "session_window_size")
 
 
 def load(path: str | None, overrides: dict[str, Any]) -> GatewayConfig:
     """Read the YAML file at ``path`` (if any), apply non-None ``overrides`` and check it all."""
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    # Checked alone first, so a bad flag is blamed on the command line, not on the file.
+    build(GatewayConfig, flags, where="command line")
     values: dict[str, Any] = {}
     if path is not None:
         values = _read_yaml(path)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    config = fields.build(GatewayConfig, values, where=path or "gateway config")
+    config = build(GatewayConfig, {**values, **flags}, where=path or "gateway config")
     return _check(config)
 
 
@@ -149,7 +141,7 @@ def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
             f"{format_size(config.region_size)}: raise `capacity` or lower "
             "`region_size`"
         )
-    resolved = replace(config, capacity=capacity)
+    resolved = config.model_copy(update={"capacity": capacity})
     region_quotas(resolved)
     return resolved
 

@@ -14,10 +14,13 @@ share the regions nobody's quota reserves, and evict each other's objects in LRU
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from pydantic import Field
 
 from adp_gateway.errors import ConfigError, GatewayError
 from adp_wire.protocol import TENANT_BYTES_MAX, Hello
+from adp_wire.settings import ByteSize, OneOrMany, Settings
 from adp_wire.tokens import read_token
 
 
@@ -25,17 +28,14 @@ class AccessDenied(GatewayError):
     """A client may not connect as the tenant it named; the message says why."""
 
 
-@dataclass(frozen=True)
-class TenantConfig:
-    name: str = field(metadata={"help": "the tenant name clients send (adapter_params.tenant)"})
-    uids: list[int] = field(default_factory=list, metadata={"help": "Unix users admitted"})
-    gids: list[int] = field(default_factory=list, metadata={"help": "Unix groups admitted"})
-    token_file: str | None = field(
-        default=None, metadata={"help": "file holding a secret the client must also present"}
+class TenantConfig(Settings):
+    name: str = Field(description="the tenant name clients send (adapter_params.tenant)")
+    uids: OneOrMany[int] = Field(default_factory=list, description="Unix users admitted")
+    gids: OneOrMany[int] = Field(default_factory=list, description="Unix groups admitted")
+    token_file: str | None = Field(
+        default=None, description="file holding a secret the client must also present"
     )
-    quota: int | None = field(
-        default=None, metadata={"size": True, "help": "disk space this tenant may fill"}
-    )
+    quota: ByteSize | None = Field(default=None, description="disk space this tenant may fill")
 
 
 @dataclass(frozen=True)

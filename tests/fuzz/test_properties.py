@@ -30,7 +30,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.support.fuzz_parsers import PLANTS, TARGET_NAMES, TARGETS
+from adp_wire import protocol
+from tests.support.fuzz_parsers import PLANTS, TARGET_NAMES, TARGETS, VALID_HELLO, VALID_WELCOME
 
 BOUND_S = 10.0  # a case takes milliseconds; this is a hang even on a loaded CI machine
 HARD_BOUND_S = 120.0
@@ -94,6 +95,11 @@ def run_property(target: str, config: settings, bound_s: float = BOUND_S) -> Non
             TARGETS[target](DrawSource(data))
 
     holds()
+
+
+def test_the_valid_handshake_maps_are_valid() -> None:
+    assert protocol.parse_hello(VALID_HELLO).tenant == "t"
+    assert protocol.parse_welcome(VALID_WELCOME).slots == 4
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

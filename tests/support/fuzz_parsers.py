@@ -245,7 +245,14 @@ def handshake_field(src: Source, name: str) -> Any:
     return pick(src, [0, 1, 4096, U32, U64, -1, "12", b"12", 1.5, math.inf, True, None, [1]])
 
 
-VALID_HELLO: dict[str, Any] = {"protocol": 1, "tenant": "t", "token": None, "client": "c"}
+# Valid as the current protocol has them (a test below keeps them so): the properties mutate
+# one or two fields of these, so a stale one leaves the valid side all but unexplored.
+VALID_HELLO: dict[str, Any] = {
+    "protocol": PROTOCOL_VERSION,
+    "tenant": "t",
+    "token": None,
+    "client": "c",
+}
 VALID_WELCOME: dict[str, Any] = {
     "ok": True,
     "session_id": 1,
@@ -253,6 +260,8 @@ VALID_WELCOME: dict[str, Any] = {
     "arena_bytes": 2**16,
     "window_bytes": 2**20,
     "object_bytes_max": 2**20,
+    "fragment_bytes": 2**20,
+    "l1_attached": 0,
 }
 
 

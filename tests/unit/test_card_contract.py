@@ -8,7 +8,6 @@ cards that say they are persistent; a volatile card must say so, and come back e
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -229,6 +228,6 @@ def test_a_gateway_config_picks_the_card(tmp_path: Path) -> None:
     config = GatewayConfig(data_dirs=[str(tmp_path)], capacity=CAPACITY, region_size=REGION)
     assert config.card == "software"  # the default
     context = CardContext(lambda: None, lambda _d, _p, device: device)
-    card = open_card(dataclasses.replace(config, card="memory"), context)
+    card = open_card(config.model_copy(update={"card": "memory"}), context)
     assert isinstance(card, MemoryCard)
     card.close()

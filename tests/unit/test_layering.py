@@ -11,20 +11,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("adp_wire", "adp_gateway", "lmcache_adp")
-# The one gateway module the plugin may still use (for its adapter_params).
-PLUGIN_MAY_USE = {
-    "adp_gateway.fields",  # moves to adp_wire.settings with the pydantic settings
-}
+PLUGIN_MAY_USE: set[str] = set()  # everything the plugin shares is in adp_wire
 # A module may import only modules of a strictly lower layer of its own package.
 WIRE_LAYERS = [
     {"adp_wire.errors", "adp_wire.checksum", "adp_wire.fragmenter"},
     {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout"},
-    {"adp_wire.ring.queue", "adp_wire.protocol"},
+    {"adp_wire.ring.queue", "adp_wire.protocol", "adp_wire.settings"},
     {"adp_wire.__main__"},
 ]
 GATEWAY_LAYERS = [
     {"adp_gateway.errors"},
-    {"adp_gateway.fields", "adp_gateway.format", "adp_gateway.l1"},
+    {"adp_gateway.format", "adp_gateway.l1"},
     {
         "adp_gateway.metrics",
         "adp_gateway.status",

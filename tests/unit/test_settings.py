@@ -3,16 +3,15 @@ and the documented files (gateway.yaml, plugin_manifest.yaml) agree with the cod
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from adp_gateway import config as gateway_config
-from adp_gateway import fields
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import ConfigError, StartupError
+from adp_wire import settings
 from adp_wire.units import parse_size
 from lmcache_adp.config import ADPParams, parse
 
@@ -53,6 +52,8 @@ def test_unknown_param_is_named_with_a_suggestion() -> None:
         ("tenant", 3),
         ("pending_ops_max", 1.5),
         ("op_timeout_s", 0),
+        ("op_timeout_s", float("inf")),
+        ("lookup_timeout_s", float("nan")),
         ("socket_path", 7),
         ("gateway_uids", ["root"]),
     ],
@@ -66,6 +67,17 @@ def test_ints_are_accepted_for_floats() -> None:
     assert parse({"op_timeout_s": 3}).op_timeout_s == 3.0
 
 
+def test_a_single_value_is_a_list_of_one() -> None:
+    assert parse({"gateway_uids": 0}).gateway_uids == [0]
+
+
+def test_an_unknown_param_lists_the_known_ones_even_without_a_close_match() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse({"colour": "blue"})
+    assert str(info.value).startswith("lmcache_adp: adapter_params: unknown key 'colour' (")
+    assert "did you mean" not in str(info.value) and "op_timeout_s" in str(info.value)
+
+
 def test_manifest_documents_exactly_the_params_with_their_defaults() -> None:
     manifest = yaml.safe_load((ROOT / "plugin_manifest.yaml").read_text())
     assert manifest["type"] == "native_plugin"
@@ -73,7 +85,7 @@ def test_manifest_documents_exactly_the_params_with_their_defaults() -> None:
     assert manifest["class_name"] == "ADPConnector"
     assert {"lmcache", "vllm"} <= set(manifest["supported_versions"])
     documented = {k: (v["type"], v["default"]) for k, v in manifest["adapter_params"].items()}
-    assert documented == fields.describe(ADPParams)
+    assert documented == settings.describe(ADPParams)
     for key, (_, default) in documented.items():  # every documented param is accepted as such
         assert getattr(parse({key: default}), key) == default
     assert all(v["description"] for v in manifest["adapter_params"].values())
@@ -82,7 +94,7 @@ def test_manifest_documents_exactly_the_params_with_their_defaults() -> None:
 def test_gateway_yaml_documents_every_key_with_the_defaults() -> None:
     text = (ROOT / "configs" / "gateway.yaml").read_text()
     documented = yaml.safe_load(text)
-    names = [f.name for f in dataclasses.fields(GatewayConfig)]
+    names = list(GatewayConfig.model_fields)
     assert sorted(documented) == sorted(names)
     loaded = gateway_config.load(str(ROOT / "configs" / "gateway.yaml"), {})
     assert loaded == GatewayConfig()
@@ -108,6 +120,13 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("fragment_size: 64MiB\n", "must fit in region_size"),
         ("sync: sometimes\n", "sync"),
         ("io_threads: 0\n", "io_threads: must be at least 1"),
+        ("io_threads: '8'\n", "io_threads: expected an integer, got string '8': write it without"),
+        ("sync: sometimes\n", "sync: 'sometimes' is not a choice: write 'always', 'periodic' or"),
+        ("capacity: -1\n", "capacity: a size cannot be negative"),
+        ("region_size: 4096\n", "region_size: must be at least 8192, got 4096"),
+        ("tenants: [{name: a, uids: [1], quota: 2 gigs}]\n", r"tenants\[0\]\.quota: cannot read"),
+        ("tenants: [{name: a, uid: 1}]\n", r"tenants\[0\]: unknown key 'uid'; did you mean 'uids'"),
+        ("devices: [1]\n", r"devices\[0\]: expected a string, got integer 1"),
         ("- a\n- b\n", "mapping"),
         ("capacity: [1\n", "not valid YAML"),
     ],
@@ -117,6 +136,13 @@ def test_bad_config_files_are_named(tmp_path: Path, text: str, match: str) -> No
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         gateway_config.load(str(path), {})
+
+
+def test_a_bad_flag_is_blamed_on_the_command_line_not_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text("capacity: 8GiB\n")
+    with pytest.raises(ConfigError, match=r"^command line: capacity: cannot read 'lots'"):
+        gateway_config.load(str(path), {"capacity": "lots"})
 
 
 def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
+import tqdm.std
 
-from adp_gateway.card.software import recovery as recovery_module
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.config import GatewayConfig, resolve_capacity
@@ -120,13 +120,13 @@ def test_an_automatic_capacity_is_taken_from_existing_databases(tmp_path: Path) 
     assert resolve_capacity(config).capacity == 48 * 2**20
 
 
-def test_a_recovery_longer_than_a_second_logs_its_progress(
+def test_a_recovery_longer_than_a_few_seconds_logs_its_progress(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     device = MemoryDevice(SIZE)
     flood(open_store([device]), 40, {})
-    clock = iter(range(0, 1000, 1))  # every reading of the clock is a second later
-    monkeypatch.setattr(recovery_module.time, "monotonic", lambda: float(next(clock)))
+    clock = iter(range(0, 100_000, 5))  # every reading of tqdm's clock is 5 seconds later
+    monkeypatch.setattr(tqdm.std, "time", lambda: float(next(clock)))
     caplog.set_level(logging.INFO, logger="adp_gateway.card.software.recovery")
     open_store([device])
     lines = [r.getMessage() for r in caplog.records if "recovering:" in r.getMessage()]

@@ -37,9 +37,9 @@ def test_open_mode_admits_anybody_as_any_tenant() -> None:
 def test_uid_gid_and_token_decide_who_is_admitted(tmp_path: Path) -> None:
     tenants = Tenants(
         [
-            TenantConfig("ops", uids=[0]),
-            TenantConfig("users", gids=[1000]),
-            TenantConfig("secret", uids=[1000], token_file=token_file(tmp_path, "s3cret")),
+            TenantConfig(name="ops", uids=[0]),
+            TenantConfig(name="users", gids=[1000]),
+            TenantConfig(name="secret", uids=[1000], token_file=token_file(tmp_path, "s3cret")),
         ]
     )
     tenants.admit(Hello("ops"), ROOT_PEER)
@@ -66,8 +66,8 @@ def test_uid_gid_and_token_decide_who_is_admitted(tmp_path: Path) -> None:
         ("[{name: a, uids: [1]}, {name: a, gids: [1]}]", "declared twice"),
         ("[{uids: [1]}]", r"tenants\[0\]: missing key 'name'"),
         ("[{name: a, uid: [1]}]", "unknown key 'uid'; did you mean 'uids'"),
-        ("[{name: a, uids: [root]}]", r"tenants\[0\].uids: expected a list of int"),
-        ("[{name: a, uids: [true]}]", r"tenants\[0\].uids: expected a list of int"),
+        ("[{name: a, uids: [root]}]", r"tenants\[0\]\.uids\[0\]: expected an integer, got"),
+        ("[{name: a, uids: [true]}]", r"tenants\[0\]\.uids\[0\]: expected an integer, got"),
         ("[{name: a, uids: [1], quota: lots}]", r"tenants\[0\].quota"),
         ("{name: a}", "tenants: expected a list of mappings"),
         ("[a]", r"tenants\[0\]: expected a mapping"),
@@ -83,11 +83,11 @@ def test_bad_tenant_declarations_are_named(tmp_path: Path, tenants: str, match: 
 
 def test_token_files_must_be_private_and_not_empty(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="readable by every user: chmod o-r"):
-        Tenants([TenantConfig("a", token_file=token_file(tmp_path, "x", 0o644))])
+        Tenants([TenantConfig(name="a", token_file=token_file(tmp_path, "x", 0o644))])
     with pytest.raises(ConfigError, match="is empty"):
-        Tenants([TenantConfig("a", token_file=token_file(tmp_path, ""))])
+        Tenants([TenantConfig(name="a", token_file=token_file(tmp_path, ""))])
     with pytest.raises(ConfigError, match="cannot read token file"):
-        Tenants([TenantConfig("a", token_file=str(tmp_path / "missing"))])
+        Tenants([TenantConfig(name="a", token_file=str(tmp_path / "missing"))])
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, Never
+
+from tqdm import tqdm
 
 from adp_gateway.card.software.devices.reader import RegionReader
 from adp_gateway.card.software.index import Index, Manifest, ObjectId
@@ -278,19 +279,36 @@ def _assemble(seq: int, fragments: dict[int, _Fragment]) -> Manifest | None:
 
 
 class ProgressLog:
-    """Logs a recovery's progress once a second, when it takes that long."""
+    """Logs a recovery's progress every few seconds, when it takes that long (tqdm, on a file
+    that writes each refresh of the bar as a log line)."""
 
     def __init__(self) -> None:
-        self._started = self._logged = time.monotonic()
+        self._bar: tqdm[Never] | None = None
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self._logged >= 1.0:
-            self._logged = now
-            log.info(
-                "recovering: %d of %d regions read (%.0f %%), %.1f s",
-                done,
-                total,
-                100 * done / total,
-                now - self._started,
+        if self._bar is None:
+            self._bar = tqdm(
+                total=total,
+                file=_LogLines(),
+                bar_format="recovering: {n} of {total} regions read ({percentage:.0f} %), "
+                "{elapsed} elapsed, {remaining} left",
+                mininterval=5.0,
+                delay=5.0,  # a fast recovery logs nothing
             )
+        if done < total:
+            self._bar.update(done - self._bar.n)
+        else:
+            self._bar.n = done  # close() logs the last line, once, if it logged any before
+            self._bar.close()
+
+
+class _LogLines:
+    """A file for tqdm: each line it writes (it starts them with \\r) becomes a log line."""
+
+    def write(self, text: str) -> int:
+        if line := text.strip("\r\n "):
+            log.info("%s", line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
