@@ -44,6 +44,7 @@ import numpy as np
 from adp_gateway.config import GatewayConfig
 from bench import backlog_gateway, backlog_report, gateways, plugin
 from bench.machine import machine
+from lmcache_adp.config import ADPParams
 from tests.support import Gateway, Process, wait_for_future, wait_until
 
 GiB = 2**30
@@ -296,9 +297,12 @@ def run_pending(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_one_session(args: argparse.Namespace) -> dict[str, Any]:
+    # One session holds at most its window and the plugin's pending_store_bytes_max; the plugin
+    # fails further stores at once (LMCache keeps them in L1), so deeper is unreachable here.
+    reachable = GatewayConfig().session_window_size + ADPParams().pending_store_bytes_max
     with probed(args, "one_session", 4) as (gateway, prober, key, data):
         idle = [prober.load(key, data) for _ in range(args.loads + 1)][1:]
-        depth = int(args.depth_gib * GiB)
+        depth = min(int(args.depth_gib * GiB), reachable * 3 // 4)
         busy, records = prober.loads_behind_own_stores(key, data, depth, args.loads, gateway)
         report = backlog_report.backlog(idle, busy, gateway.samples(), records, 0.0)
         report["target_ratio_max"] = 1.5
