@@ -302,7 +302,7 @@ def run_one_session(args: argparse.Namespace) -> dict[str, Any]:
     reachable = GatewayConfig().session_window_size + ADPParams().pending_store_bytes_max
     with probed(args, "one_session", 4) as (gateway, prober, key, data):
         idle = [prober.load(key, data) for _ in range(args.loads + 1)][1:]
-        depth = min(int(args.depth_gib * GiB), reachable * 3 // 4)
+        depth = min(int(args.depth_gib * GiB), reachable // 2)
         busy, records = prober.loads_behind_own_stores(key, data, depth, args.loads, gateway)
         report = backlog_report.backlog(idle, busy, gateway.samples(), records, 0.0)
         report["target_ratio_max"] = 1.5
