@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A static fio (Debian bookworm's 3.33 source, built with libaio only) in .fio/fio, to carry to a
-# host that has no fio and no network (the H200 device: bench/floor_h200.sh). Needs apt-get (the
+# host that has no fio and no network (the H200 device: bench/h200.sh). Needs apt-get (the
 # Debian source package and libaio-dev), gcc and make; writes nothing outside .fio/ and /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -20,7 +20,7 @@ All I/O is O_DIRECT, so the guest's page cache is not involved (the host's canno
 Without fio (``ensure_fio`` installs it with apt-get when it can), ``dd`` stands in for fio at
 4 MiB, one stream.
 
-Runs on the H200 host too (bench/floor_h200.sh): it needs only the standard library, PyYAML and
+Runs on the H200 host too (bench/h200.sh): it needs only the standard library, PyYAML and
 this repository.
 """
 

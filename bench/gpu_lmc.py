@@ -2,7 +2,7 @@
 
 lmcache 0.5.6's ``cuda_ops`` needs ``c10::NotImplementedError``'s constructor, which torch 2.11
 (the GPU device's) does not export; without the shim the server silently falls back to plain
-torch copies (../shared/device/README.md). bench/gpu_restore.sh runs the server through this.
+torch copies (../shared/device/README.md). bench/h200.sh runs the server through this.
 """
 
 import ctypes

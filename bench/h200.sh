@@ -4,10 +4,11 @@
 # server writes through (bench/lookup_under_load.py, GPU mode, 1 GiB prompts), and the 8.6 GB
 # long restore (bench/long_restore.py: ours on the default path, ours with L1 in shared memory on
 # the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved.
-# Staging, on the CPU host from the repository root (bench/gpu_restore.sh's header has the wheel
-# list; ../shared/device/README.md why the shim):
-#   .whl/   the cp312 wheels of lmcache 0.5.6 and its dependencies, msgpack, xxhash, tenacity,
-#           prometheus-client (no wheel of ours: the checkout is on PYTHONPATH)
+# It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
+# Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
+# list and why the shim):
+#   .whl/   the cp312 wheels of lmcache 0.5.6 and its dependencies, and of lmcache-adp's own
+#           (pyproject.toml; no wheel of ours: the checkout is on PYTHONPATH)
 #   .stage/ a copy of ../shared/device (libc10_nie_shim.so, c10_nie_shim.cpp)
 #   .fio/   bash bench/build_fio.sh
 # A dry run on the CPU host: NO_INSTALL=1 MODE=cpu PY=python GB=0.2 LOOKUP_MIB=64 bash bench/h200.sh
