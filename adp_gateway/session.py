@@ -129,7 +129,10 @@ class Session:
                     break
                 if self._submitted in events:
                     _reset(self._submitted)
-                    for submission in self._submissions.pop_all():
+                    # Lookups first: they are answered here, from memory; the rest only queue
+                    # work for the I/O threads (in the order they came, which stable sorting keeps).
+                    submissions = self._submissions.pop_all()
+                    for submission in sorted(submissions, key=lambda s: s.op != Op.EXISTS):
                         self._dispatch(submission)
         except ProtocolError as exc:
             log.error("%s: %s; dropping the session", self.name, exc)

@@ -19,7 +19,8 @@ the way vLLM does):
 
 Then, ours alone, through the plugin in this process (an ``ADPConnector`` on its own session):
 1,000-key EXISTS latency idle, and with ``--backlog-mib`` of stores kept pending on the same
-session (each completed store is replaced at once).
+session (each completed store is replaced at once); both back to back (the next lookup as soon as
+the last is answered) and paced at ``--exists-per-second`` (vLLM asks once per new request).
 
 Writes bench/results/lookup_under_load.json and .md (``--out`` changes the stem).
 """
@@ -214,23 +215,26 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
 
 def exists_under_backlog(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     """1,000-key EXISTS through the plugin, idle and with ``--backlog-mib`` of stores pending
-    on the same session."""
+    on the same session; back to back, and paced at ``--exists-per-second``."""
     workdir = directory / "exists"
     workdir.mkdir(parents=True)
     sockdir = short_tmpdir()
     gateway = Gateway(workdir, "4GiB", socket_path=sockdir / "gw.sock")
+    backlog = args.backlog_mib * MiB
     try:
         error = gateways.start(gateway, module=True)
         if error is not None:
             raise RuntimeError(f"the gateway did not start: {error}")
         connector = ADPConnector(**gateway.adapter_params(op_timeout_s=60.0))
         try:
-            return {
-                "idle": _exists_latencies(connector, 0, args.exists_seconds),
-                "backlog": _exists_latencies(
-                    connector, args.backlog_mib * MiB, args.exists_seconds
-                ),
-            }
+            results: dict[str, Any] = {}
+            paced_s = 1 / args.exists_per_second
+            for pacing, interval_s in (("back_to_back", 0.0), ("paced", paced_s)):
+                for phase, pending in (("idle", 0), ("backlog", backlog)):
+                    results[f"{pacing}_{phase}"] = _exists_latencies(
+                        connector, pending, args.exists_seconds, interval_s
+                    )
+            return results
         finally:
             connector.close()
     finally:
@@ -240,10 +244,11 @@ def exists_under_backlog(args: argparse.Namespace, directory: Path) -> dict[str,
 
 
 def _exists_latencies(
-    connector: ADPConnector, backlog_bytes: int, seconds: float
+    connector: ADPConnector, backlog_bytes: int, seconds: float, interval_s: float
 ) -> dict[str, Any]:
-    """EXISTS of 1,000 keys, one at a time for ``seconds``, while stores of 32 MiB are kept
-    ``backlog_bytes`` deep on the same session."""
+    """EXISTS of 1,000 keys for ``seconds``, each ``interval_s`` after the last one started (at
+    once after the last answer when 0), while stores of 32 MiB are kept ``backlog_bytes`` deep
+    on the same session."""
     object_bytes = 32 * MiB
     buffers = [
         memoryview(np.random.default_rng(i).integers(0, 256, object_bytes, np.uint8).tobytes())
@@ -263,9 +268,11 @@ def _exists_latencies(
     samples: list[int] = []
     failed = stored = 0
     lookup, submitted = connector.submit_batch_exists(keys), time.perf_counter_ns()
+    next_at = time.monotonic() + interval_s  # when the next lookup is due
     until = time.monotonic() + seconds
     while time.monotonic() < until:
-        select.select([connector.event_fd()], [], [], 1.0)
+        wait_s = 1.0 if lookup else max(0.0, next_at - time.monotonic())
+        select.select([connector.event_fd()], [], [], wait_s)
         for future_id, ok, _, _ in connector.drain_completions():
             if future_id in stores:
                 stored += ok
@@ -273,7 +280,10 @@ def _exists_latencies(
             elif future_id == lookup:
                 samples.append(time.perf_counter_ns() - submitted)
                 failed += not ok
-                lookup, submitted = connector.submit_batch_exists(keys), time.perf_counter_ns()
+                lookup = 0
+        if not lookup and time.monotonic() >= next_at:
+            lookup, submitted = connector.submit_batch_exists(keys), time.perf_counter_ns()
+            next_at = max(next_at + interval_s, time.monotonic()) if interval_s else 0.0
     deadline = time.monotonic() + 120
     while stores and time.monotonic() < deadline:  # let the backlog drain before the next phase
         select.select([connector.event_fd()], [], [], 1.0)
@@ -303,6 +313,8 @@ def drive_main(args: argparse.Namespace) -> int:
         "machine": machine(directory),
         "prompt_mib": args.prompt_mib,
         "mode": args.mode,
+        "backlog_mib": args.backlog_mib,
+        "exists_per_second": args.exists_per_second,
         "rounds": {name: [] for name in contenders},
     }
     for round_number in range(args.rounds):
@@ -379,15 +391,22 @@ def render(report: dict[str, Any]) -> str:
             "",
             "## 1,000-key EXISTS through the plugin (its own session)",
             "",
-            "| stores pending on the session | p50 µs | p99 µs | samples | failed |",
-            "|---|---|---|---|---|",
+            f"Back to back (the next lookup as soon as the last is answered: the lookups alone "
+            f"keep about one of the machine's cores busy), and paced at "
+            f"{report['exists_per_second']} lookups a second (a new vLLM request every "
+            f"{1000 / report['exists_per_second']:.0f} ms).",
+            "",
+            "| lookups | stores pending on the session | p50 µs | p99 µs | samples | failed |",
+            "|---|---|---|---|---|---|",
         ]
-        for phase, label in (("idle", "none"), ("backlog", "256 MiB, kept full")):
-            e = exists[phase]
-            lines.append(
-                f"| {label} | {e.get('p50_us', 0):.0f} | {e.get('p99_us', 0):.0f} "
-                f"| {e['samples']} | {e['failed']} |"
-            )
+        backlog = f"{report['backlog_mib']} MiB, kept full"
+        for pacing, pacing_label in (("back_to_back", "back to back"), ("paced", "paced")):
+            for phase, label in (("idle", "none"), ("backlog", backlog)):
+                e = exists[f"{pacing}_{phase}"]
+                lines.append(
+                    f"| {pacing_label} | {label} | {e.get('p50_us', 0):.0f} "
+                    f"| {e.get('p99_us', 0):.0f} | {e['samples']} | {e['failed']} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -410,6 +429,7 @@ def main() -> int:
     parser.add_argument("--lmcache-bin", default=str(BIN))
     parser.add_argument("--backlog-mib", type=int, default=256)
     parser.add_argument("--exists-seconds", type=float, default=10.0)
+    parser.add_argument("--exists-per-second", type=float, default=100.0)
     parser.add_argument("--skip-exists", action="store_true")
     parser.add_argument("--logs", default=None, help="keep every contender's logs here")
     parser.add_argument("--out", default="lookup_under_load")

@@ -22,7 +22,7 @@ class CompletionQueue:
         self._items: list[Completion] = []
 
     def push(self, future_id: int, ok: bool, error: str, per_key: list[bool]) -> None:
-        item = (int(future_id), bool(ok), str(error), [bool(b) for b in per_key])
+        item = (int(future_id), bool(ok), str(error), list(map(bool, per_key)))
         with self._lock:
             self._items.append(item)
             if self.fd >= 0:

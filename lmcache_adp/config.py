@@ -5,6 +5,7 @@ plugin_manifest.yaml documents the same fields; tests/unit/test_settings.py keep
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,11 +62,12 @@ class ADPParams(Settings):
         "stores of whole pages to the disk straight from L1 (loads always go through the "
         "transfer window)",
     )
-    copy_threads: int = Field(
-        default=4,
+    copy_threads: int | None = Field(
+        default=None,
         ge=1,
         description="threads that copy objects between L1 and the transfer window (a large "
-        "object is split over them)",
+        "object is split over them); null: half the CPUs LMCache may run on, 1 to 4, so copies "
+        "never take every core from LMCache's own threads and the link's",
     )
     pending_store_bytes_max: ByteSize = Field(
         default=256 * 2**20,
@@ -81,6 +83,12 @@ class ADPParams(Settings):
 
 def parse(params: Mapping[str, Any]) -> ADPParams:
     return build(ADPParams, params, where="lmcache_adp", root="adapter_params")
+
+
+def copy_threads(params: ADPParams) -> int:
+    if params.copy_threads is not None:
+        return params.copy_threads
+    return min(4, max(1, len(os.sched_getaffinity(0)) // 2))
 
 
 def socket_path(params: ADPParams) -> str:

@@ -7,9 +7,10 @@ lookup or LMCache's own threads. See lmcache_adp/connector.py for the contract w
 lmcache_adp/batch.py for how a batch is reported exactly once, on time, and never while one of
 its buffers is being copied.
 
-One step: adopt a new link; take the gateway's completions; take the copiers' results; admit new
-batches into their lanes and post what fits (lookups first, stores last); fail what is past its
-deadline.
+One step: adopt a new link; admit new batches into their lanes and post what fits; take the
+gateway's completions; take the copiers' results; post what now fits; fail what is past its
+deadline. Posting goes lane by lane (lookups first, stores last), and the doorbell rings after
+the lookups and after the loads, so neither waits for the work of posting stores.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class IOLoop:
         self._lanes = Lanes(shared.params)
         self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
         self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
-        self._copier = Copier(shared.params.copy_threads)
+        self._copier = Copier(config.copy_threads(shared.params))
         self._preparing: deque[Request] = deque()  # stores being copied, in submission order
         self._posted = False  # submissions since the last doorbell
 
@@ -148,17 +149,20 @@ class IOLoop:
         if self._link is not None and not self._link.alive():
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
+        self._accept()  # first: a new lookup is on its way before any other work of this step
         if self._link is not None:
             for completion, request in self._link.completions():
                 self._finish(request, completion)
         self._run_calls()
-        self._accept()
         if self._link is None:
             for request in self._lanes.drain():
                 self._settle(request, Status.FAILED)
         else:
             self._post()
         self._expire()
+        self._ring()
+
+    def _ring(self) -> None:
         if self._posted and self._link is not None:
             self._link.ring()
         self._posted = False
@@ -205,6 +209,8 @@ class IOLoop:
                     self._prepare_store(link, request)
                 else:
                     self._send(link, request)
+            if lane < Lane.STORE:
+                self._ring()  # lookups and loads need not wait for the stores' turn
 
     def _send(self, link: GatewayLink, request: Request, checksums: bytes = b"") -> None:
         batch: Batch = request.batch
@@ -280,7 +286,7 @@ class IOLoop:
         results = None
         if status == Status.OK and request.op in (Op.EXISTS, Op.DELETE):
             count = min(completion.result_bytes, len(request.keys))
-            results = [b == 1 for b in bytes(link.arena(request)[:count])]
+            results = list(map((1).__eq__, bytes(link.arena(request)[:count])))
         link.release(request)
         self._settle(request, status, results)
 

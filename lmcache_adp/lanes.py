@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from enum import IntEnum
+from typing import Any
+
+import numpy as np
 
 from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome, encode_keys
 from adp_wire.units import format_size
@@ -127,19 +130,25 @@ def split(batch: Batch) -> Iterator[Request]:
             if len(key.encode()) <= KEY_BYTES_MAX:
                 yield Request(batch.op, [key], i, batch, buf.nbytes, encode_keys([key]))
         return
-    run: list[str] = []
-    run_bytes = first = 0
-    for i, key in enumerate(batch.keys):
-        key_bytes = len(key.encode()) + _KEY_OVERHEAD_BYTES
-        full = run_bytes + key_bytes > RUN_BYTES_MAX or len(run) == KEYS_PER_REQUEST_MAX
-        if run and (full or key_bytes > KEY_BYTES_MAX + _KEY_OVERHEAD_BYTES):
-            yield Request(batch.op, run, first, batch, payload=encode_keys(run))
-            run, run_bytes = [], 0
-        if key_bytes > KEY_BYTES_MAX + _KEY_OVERHEAD_BYTES:
-            continue
-        if not run:
-            first = i
-        run.append(key)
-        run_bytes += key_bytes
-    if run:
+    # A lookup of 1,000 keys is on LMCache's critical path: no Python loop per key here.
+    keys = batch.keys
+    encoded = keys if all(map(str.isascii, keys)) else map(str.encode, keys)
+    sizes = np.fromiter(map(len, encoded), np.int64, len(keys))
+    start = 0
+    for stop in [*np.flatnonzero(sizes > KEY_BYTES_MAX).tolist(), len(keys)]:
+        yield from _runs(batch, sizes, start, stop)
+        start = stop + 1
+
+
+def _runs(batch: Batch, sizes: np.ndarray[Any, Any], start: int, stop: int) -> Iterator[Request]:
+    """Requests for keys ``start:stop`` (each short enough): as many keys in each as fit."""
+    ends = np.cumsum(sizes[start:stop] + _KEY_OVERHEAD_BYTES)  # ends[i]: bytes of keys 0..i
+    sent = 0  # bytes of the keys already in requests
+    first = start
+    while first < stop:
+        last = start + int(np.searchsorted(ends, sent + RUN_BYTES_MAX, side="right"))
+        last = min(last, first + KEYS_PER_REQUEST_MAX)
+        run = batch.keys[first:last]
         yield Request(batch.op, run, first, batch, payload=encode_keys(run))
+        sent = int(ends[last - start - 1])
+        first = last

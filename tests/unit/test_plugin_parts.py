@@ -1,6 +1,8 @@
 """Goal: the plugin's window allocator never hands out overlapping extents, its completion queue
 resets the event fd in drain without ever losing a wakeup, its inbox refuses rather than
-blocks when full, and its copier splits large copies without losing or doubling a byte."""
+blocks when full, its copier splits large copies without losing or doubling a byte, and a lookup's
+keys are split into runs that each fit an arena, cover every key the protocol carries once and in
+order, and leave out only keys too long for it."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import random
 import select
 import threading
 
+import msgpack
 import numpy as np
 
-from adp_wire.protocol import Op
+from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.copier import Copier
 from lmcache_adp.ioloop import Inbox
+from lmcache_adp.lanes import RUN_BYTES_MAX, split
 from lmcache_adp.window import WindowAllocator
 
 
@@ -116,3 +120,29 @@ def test_copies_of_every_size_arrive_whole_and_unwanted_slices_never_start() -> 
     copier.copy(untouched, pairs[-1][0][: 16 * 2**20], skipped.append, wanted=lambda: False)
     copier.close()
     assert skipped == [False] and not any(untouched)
+
+
+def test_lookup_runs_fit_an_arena_and_cover_every_carried_key_in_order() -> None:
+    rng = random.Random(7)
+    alphabet = "abcdef0123456789@é漢"
+    for trial in range(200):
+        count = rng.choice([0, 1, 5, 999, 1000, KEYS_PER_REQUEST_MAX + 3])
+        lengths = [rng.choice([1, 76, 400, KEY_BYTES_MAX // 3]) for _ in range(count)]
+        if trial % 3 == 0 and count:  # some keys the protocol cannot carry, anywhere
+            for _ in range(rng.randint(1, 4)):
+                lengths[rng.randrange(count)] = KEY_BYTES_MAX + rng.randint(1, 50)
+        ascii_only = trial % 2 == 0
+        keys = [
+            "".join(rng.choice(alphabet[:16] if ascii_only else alphabet) for _ in range(n))
+            for n in lengths
+        ]
+        batch = Batch(trial, Op.EXISTS, keys, None, 0)
+        covered: list[int] = []
+        for request in split(batch):
+            assert 0 < len(request.keys) <= KEYS_PER_REQUEST_MAX
+            assert len(request.payload) <= RUN_BYTES_MAX
+            assert msgpack.unpackb(request.payload) == request.keys
+            assert request.keys == keys[request.first : request.first + len(request.keys)]
+            covered.extend(range(request.first, request.first + len(request.keys)))
+        carried = [i for i, key in enumerate(keys) if len(key.encode()) <= KEY_BYTES_MAX]
+        assert covered == carried
