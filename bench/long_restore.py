@@ -16,7 +16,8 @@ In one run, on ``--dir`` (the disk under test):
   3. LMCache's ``fs_native`` (``use_odirect``) the same way, its files fadvise'd out of the page
      cache before the restore;
   4. with ``--shm-name``, lmcache-adp again with L1 in a shared-memory segment (the plugin's
-     zero-copy case).
+     zero-copy case);
+  5. with ``--adp-config FILE``, lmcache-adp again with that gateway config (settings to weigh).
 Writes ``OUT.json`` and ``OUT.md`` (``--out``, default bench/results/long_restore).
 """
 
@@ -137,15 +138,22 @@ def store_then_restore(
     return {"store": stored, "restore": restored}
 
 
-def run_adp(setup: Setup, shm_name: str | None = None, zero_copy: bool = True) -> dict[str, Any]:
+def run_adp(
+    setup: Setup,
+    shm_name: str | None = None,
+    zero_copy: bool = True,
+    config: Path | None = None,
+) -> dict[str, Any]:
     """lmcache-adp: both the server and the gateway are restarted between store and restore.
-    With ``shm_name`` L1 is shared memory, which the plugin uses zero-copy unless told not to."""
+    With ``shm_name`` L1 is shared memory, which the plugin uses zero-copy unless told not to;
+    ``config`` is a gateway config file (``adp-gateway serve --config``)."""
     workdir = setup.directory / "adp"
     workdir.mkdir()
     sockdir = short_tmpdir()  # Unix socket paths are limited to 108 bytes
     chunks = setup.prompt.tokens // CHUNK_TOKENS
     capacity = gateways.capacity_for(chunks, setup.prompt.chunk_bytes)
-    gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
+    extra = ("--config", str(config)) if config else ()
+    gateway = Gateway(workdir, capacity, *extra, socket_path=sockdir / "gw.sock")
 
     def restart_gateway() -> None:
         gateway.stop()
@@ -162,6 +170,7 @@ def run_adp(setup: Setup, shm_name: str | None = None, zero_copy: bool = True) -
     finally:
         gateway.stop()
         name = "lmcache_adp" + ("_shm" if shm_name else "") + ("" if zero_copy else "_copy")
+        name += f"_{config.stem}" if config else ""
         keep_logs(setup, workdir, name)
         for path in (workdir, sockdir):
             remove_tree(path)
@@ -228,12 +237,16 @@ def attempt(contender: Callable[..., dict[str, Any]], *args: Any) -> dict[str, A
         return {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
 
 
-def run(setup: Setup, shm_name: str | None) -> dict[str, Any]:
+def run(setup: Setup, shm_name: str | None, config: Path | None = None) -> dict[str, Any]:
     setup.directory.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"floor": floor(setup)}
     print(json.dumps(results["floor"]), flush=True)
     results["lmcache_adp"] = attempt(run_adp, setup)
     print(json.dumps(results["lmcache_adp"]), flush=True)
+    if config is not None:  # the gateway with other settings, between the default and fs_native
+        results["lmcache_adp_config"] = attempt(run_adp, setup, None, True, config)
+        results["lmcache_adp_config"]["config"] = config.read_text()
+        print(json.dumps(results["lmcache_adp_config"]), flush=True)
     results["fs_native"] = attempt(run_fs_native, setup)
     print(json.dumps(results["fs_native"]), flush=True)
     if shm_name is not None:  # the same shared-memory L1, copied through the window, then not
@@ -270,12 +283,15 @@ def main() -> int:
     parser.add_argument("--lmcache-bin", type=Path, default=BIN, help="holds `lmcache`")
     parser.add_argument("--out", type=Path, default=Path("bench/results/long_restore"))
     parser.add_argument("--logs", type=Path, help="keep the processes' logs here")
+    parser.add_argument(
+        "--adp-config", type=Path, help="also run lmcache-adp with this gateway config file"
+    )
     args = parser.parse_args()
     setup = Setup(args.dir, Prompt.of_size(args.gb), args.mode, args.lmcache_bin, args.logs)
     report = {
         "command": " ".join(["python -m bench.long_restore", *sys.argv[1:]]),
         **environment(setup),
-        "results": run(setup, args.shm_name),
+        "results": run(setup, args.shm_name, args.adp_config),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))

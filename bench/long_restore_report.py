@@ -6,6 +6,7 @@ from typing import Any
 
 CONTENDERS = (
     ("lmcache_adp", "lmcache-adp (gateway, O_DIRECT)"),
+    ("lmcache_adp_config", "lmcache-adp, gateway config"),
     ("lmcache_adp_shm_copy", "lmcache-adp, L1 in shared memory, copy path (zero_copy: false)"),
     ("lmcache_adp_shm", "lmcache-adp, L1 in shared memory"),
     ("fs_native", "LMCache fs_native (O_DIRECT)"),
@@ -55,6 +56,8 @@ def _row(label: str, result: dict[str, Any], floor_s: float) -> str:
     if "failed" in result:
         return f"| {label} | failed: {result['failed'][-150:].replace('|', '/')} | | | | | | |"
     store, restore = result["store"], result["restore"]
+    if result.get("config"):
+        label += " `" + "; ".join(result["config"].strip().splitlines()) + "`"
     if result.get("zero_copy_ops"):
         label += f"; {result['zero_copy_ops']} stores zero-copy"
     equal = restore["ok"] and restore["digest_matches_store"]
