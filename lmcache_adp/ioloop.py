@@ -1,9 +1,10 @@
 """The thread that drives the plugin's link to the gateway.
 
-It alone touches the link (slots, window allocator, rings) and the lanes; it never copies. Copies
-between L1 and the window, and a zero-copy store's checksums, run on the copier's threads, which
-hand their results back through ``Shared.call``. So a 32 MiB copy never delays a completion, a
-lookup or LMCache's own threads. See lmcache_adp/connector.py for the contract with LMCache, and
+It alone touches the link (slots, window allocator, rings) and the lanes, and it copies only
+objects of at most 512 KiB (lmcache_adp/copier.py). Larger copies between L1 and the window, and a
+zero-copy store's checksums, run on the copier's threads, which hand their results back through
+``Shared.call``. So a 32 MiB copy never delays a completion, a lookup or LMCache's own threads.
+See lmcache_adp/connector.py for the contract with LMCache, and
 lmcache_adp/batch.py for how a batch is reported exactly once, on time, and never while one of
 its buffers is being copied.
 
