@@ -9,7 +9,9 @@ EXISTS never comes here: the session answers it from the index.
 
 Write depth: stores writing at once may hold at most ``store_inflight_max`` bytes (one store
 always may run). A load that arrives then finds free I/O threads and, at the disk, queues behind
-that much writing at most, instead of behind every store the I/O threads could hold. A store
+that much writing at most, instead of behind every store the I/O threads could hold. While a load
+runs or waits, writes yield further: a store starts only when no other store is writing, so the
+disk serves the load beside one store's writes at most. A store
 whose writes have landed (``writes_landed``, called from inside its task) stops counting while
 it waits for its group commit, so the next store's writes go to the disk meanwhile.
 
@@ -71,6 +73,7 @@ class Scheduler:
         self._per_database_max = per_database_max
         self._store_inflight_bytes_max = store_inflight_bytes_max
         self._store_running_bytes = 0
+        self._loads_running = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
@@ -120,6 +123,7 @@ class Scheduler:
         """``task`` (from ``next``) is done: its databases may take another."""
         with self._ready:
             self._running.subtract(task.databases)
+            self._loads_running -= task.priority == Priority.LOAD
             self._store_running_bytes -= task.writing_bytes
             task.writing_bytes = 0
             if getattr(self._current, "task", None) is task:
@@ -185,6 +189,7 @@ class Scheduler:
                     queues[session_id] = queue  # to the back: the next session takes its turn
                 self._release([task])
                 self._running.update(task.databases)
+                self._loads_running += task.priority == Priority.LOAD
                 if task.priority == Priority.STORE:
                     task.writing_bytes = task.data_bytes
                     self._store_running_bytes += task.data_bytes
@@ -194,14 +199,12 @@ class Scheduler:
     def _may_start(self, task: Task, now: int) -> bool:
         if now > task.deadline_ns:
             return True
-        depth = self._store_inflight_bytes_max
-        if (
-            task.priority == Priority.STORE
-            and depth is not None
-            and self._store_running_bytes
-            and self._store_running_bytes + task.data_bytes > depth
-        ):
-            return False
+        if task.priority == Priority.STORE and self._store_running_bytes:
+            if self._loads_running or self._queues[Priority.LOAD]:
+                return False  # writes yield to reads: one store writing at most
+            depth = self._store_inflight_bytes_max
+            if depth is not None and self._store_running_bytes + task.data_bytes > depth:
+                return False
         limit = self._per_database_max
         return limit is None or all(self._running[d] < limit for d in task.databases)
 

@@ -1,7 +1,7 @@
 """Goal: loads run before stores before deletes, sessions take turns, the store backlog is
 bounded by refusing new stores at once, and a stalled database holds at most its share of the
 I/O threads while tasks for other databases go ahead, and running stores hold a bounded number
-of bytes."""
+of bytes, one store's at most while a load runs or waits."""
 
 from __future__ import annotations
 
@@ -125,11 +125,34 @@ def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None
     load = live(Priority.LOAD, 40)
     scheduler.submit(load)
     assert drain(scheduler) == [load]  # loads are not held by the writes
+    scheduler.finished(load)
     scheduler.finished(stores[0])
     assert drain(scheduler) == [stores[2]]
-    for t in (stores[1], stores[2], load):
+    for t in (stores[1], stores[2]):
         scheduler.finished(t)
     assert drain(scheduler) == [big]  # one store always may run, however large
+
+
+def test_while_a_load_runs_or_waits_only_one_store_writes() -> None:
+    scheduler = Scheduler(10**9, store_inflight_bytes_max=100)
+    stores = [live_store(10) for _ in range(4)]
+    for t in stores:
+        assert scheduler.submit(t)
+    assert scheduler.next(0) is stores[0]
+    load = Task(Priority.LOAD, 2, time.monotonic_ns() + 60 * 10**9, 10, lambda: None, print)
+    assert scheduler.submit(load)
+    assert scheduler.next(0) is load
+    assert scheduler.next(0) is None  # stores[0] writes; the depth would allow more, the load not
+    scheduler.finished(stores[0])
+    assert scheduler.next(0) is stores[1]  # one store may always write
+    assert scheduler.next(0) is None
+    scheduler.finished(load)
+    assert drain(scheduler) == stores[2:]  # no load: back to the write depth
+    for t in stores[1:]:
+        scheduler.finished(t)
+    other = live_store(10)
+    assert scheduler.submit(other) and scheduler.submit(load)
+    assert drain(scheduler) == [load, other]
 
 
 def test_queued_tasks_past_their_deadline_are_dropped_without_a_thread() -> None:
