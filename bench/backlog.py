@@ -140,16 +140,18 @@ class Prober:
         while len(busy) < loads and time.monotonic() < deadline:
             now = time.monotonic()
             if load is None and now >= paused_until and gateway.backlog_bytes() >= depth_bytes // 2:
-                load = connector.submit_batch_get([key], [self._into]), now
+                started = time.monotonic()  # after reading the gateway's log, not before
+                load = connector.submit_batch_get([key], [self._into]), started
             select.select([connector.event_fd()], [], [], LOAD_PAUSE_S)
             for future_id, ok, _, per_key in connector.drain_completions():
                 if future_id in stores:
                     records.append((stores.pop(future_id), time.monotonic(), bool(ok)))
                     store()
                 elif load is not None and future_id == load[0]:
+                    took = time.monotonic() - load[1]  # before checking its 32 MiB, as idle
                     if per_key != [True] or self._into != expected:
                         raise RuntimeError(f"a load behind the backlog failed: {per_key}")
-                    busy.append((load[1], time.monotonic() - load[1]))
+                    busy.append((load[1], took))
                     load, paused_until = None, time.monotonic() + LOAD_PAUSE_S
         while stores and time.monotonic() < deadline + 300:  # the backlog drains, unrecorded
             select.select([connector.event_fd()], [], [], 1.0)

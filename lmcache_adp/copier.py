@@ -1,18 +1,17 @@
 """Work on LMCache's L1 buffers, off the thread that drives the link: copies between L1 and the
 session's transfer window, and a zero-copy store's payload checksums.
 
-Each job runs on a small pool of threads and ends by calling ``done`` (on a pool thread); a copy of
-at most 512 KiB runs on the caller's thread instead. A large copy is split into slices that run on
-several threads at once: numpy releases the GIL while it copies (and xxhash while it hashes), so
-a 32 MiB copy keeps neither the link's thread nor LMCache's own threads waiting. A slice never
-waits for another, so the pool cannot deadlock.
+Each job runs on a small pool of threads (lmcache_adp/workers.py: loads' copies first) and ends by
+calling ``done`` (on a pool thread); a copy of at most 512 KiB runs on the caller's thread instead.
+A large copy is split into slices that run on several threads at once: numpy releases the GIL
+while it copies (and xxhash while it hashes), so a 32 MiB copy keeps neither the link's thread
+nor LMCache's own threads waiting. A slice never waits for another, so the pool cannot deadlock.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from adp_wire import fragmenter
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 from lmcache_adp.logs import log
+from lmcache_adp.workers import Workers
 
 COPY_SLICE_BYTES_MIN = 4 * 2**20  # a copy is split over threads in slices of at least this
 # A copy this small runs on the caller's thread: it takes less time (about 80 us) than handing it
@@ -35,7 +35,7 @@ def _always() -> bool:
 class Copier:
     def __init__(self, threads: int) -> None:
         self._threads = threads
-        self._pool = ThreadPoolExecutor(threads, "adp-copy")
+        self._pool = Workers(threads, "adp-copy")
 
     def copy(
         self,
@@ -43,10 +43,12 @@ class Copier:
         source: memoryview,
         done: Callable[[bool], None],
         wanted: Callable[[], bool] = _always,
+        urgent: bool = False,
     ) -> None:
         """Copy ``source`` into ``destination`` (same length), then ``done(ok)``. A slice
         starts only while ``wanted()``; one that does not start fails the copy. A small copy
-        runs (and calls ``done``) on the caller's thread, before this returns."""
+        runs (and calls ``done``) on the caller's thread, before this returns. An ``urgent``
+        copy (a load's) goes ahead of every queued copy that is not."""
         if source.nbytes <= COPY_INLINE_BYTES_MAX:
             done(_attempt(wanted, _copy, destination, source) is not FAILED)
             return
@@ -55,7 +57,8 @@ class Copier:
         starts = range(0, max(source.nbytes, 1), max(step, 1))
         latch = _Latch(len(starts), lambda values: done(FAILED not in values))
         for at in starts:
-            self._submit(latch, wanted, _copy, destination[at : at + step], source[at : at + step])
+            part = (destination[at : at + step], source[at : at + step])
+            self._submit(latch, wanted, _copy, *part, urgent=urgent)
 
     def checksums(
         self,
@@ -77,7 +80,7 @@ class Copier:
 
     def close(self) -> None:
         """Wait for every job, queued or running (their ``done`` calls included)."""
-        self._pool.shutdown(wait=True)
+        self._pool.close()
 
     def _submit(
         self,
@@ -85,9 +88,10 @@ class Copier:
         wanted: Callable[[], bool],
         work: Callable[..., object],
         *args: memoryview,
+        urgent: bool = False,
     ) -> None:
         index = latch.take()
-        self._pool.submit(lambda: latch.arrive(index, _attempt(wanted, work, *args)))
+        self._pool.submit(lambda: latch.arrive(index, _attempt(wanted, work, *args)), urgent)
 
 
 def _attempt(wanted: Callable[[], bool], work: Callable[..., object], *args: memoryview) -> object:

@@ -304,7 +304,11 @@ class IOLoop:
             self._shared.call(lambda: self._loaded(request, ok))
 
         self._copier.copy(
-            batch.buffers[request.first], link.extent(request), copied, wanted=batch.in_time
+            batch.buffers[request.first],
+            link.extent(request),
+            copied,
+            wanted=batch.in_time,
+            urgent=True,  # LMCache waits for it: never behind the copies of stores
         )
 
     def _loaded(self, request: Request, ok: bool) -> None:

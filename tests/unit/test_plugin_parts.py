@@ -1,8 +1,9 @@
 """Goal: the plugin's window allocator never hands out overlapping extents, its completion queue
-resets the event fd in drain without ever losing a wakeup, its inbox refuses rather than
-blocks when full, its copier splits large copies without losing or doubling a byte, and a lookup's
-keys are split into runs that each fit an arena, cover every key the protocol carries once and in
-order, and leave out only keys too long for it."""
+resets the event fd in drain without ever losing a wakeup, its inbox refuses rather than blocks
+when full, its workers run a load's copy before queued copies of stores, its copier splits large
+copies without losing or doubling a byte, and a lookup's keys are split into runs that each fit
+an arena, cover every key the protocol carries once and in order, and leave out only keys too
+long for it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from lmcache_adp.copier import Copier
 from lmcache_adp.ioloop import Inbox
 from lmcache_adp.lanes import RUN_BYTES_MAX, split
 from lmcache_adp.window import WindowAllocator
+from lmcache_adp.workers import Workers
 
 
 def test_allocator_extents_never_overlap_and_all_space_returns() -> None:
@@ -146,3 +148,17 @@ def test_lookup_runs_fit_an_arena_and_cover_every_carried_key_in_order() -> None
             covered.extend(range(request.first, request.first + len(request.keys)))
         carried = [i for i, key in enumerate(keys) if len(key.encode()) <= KEY_BYTES_MAX]
         assert covered == carried
+
+
+def test_urgent_jobs_overtake_queued_ones_and_close_runs_every_job() -> None:
+    workers = Workers(1, "test")
+    gate = threading.Event()
+    order: list[str] = []
+    workers.submit(gate.wait)  # holds the only thread while the others queue
+    for name in ("store-1", "store-2"):
+        workers.submit(lambda name=name: order.append(name))
+    workers.submit(lambda: 1 / 0)  # a job that raises does not stop the thread
+    workers.submit(lambda: order.append("load"), urgent=True)
+    gate.set()
+    workers.close()
+    assert order == ["load", "store-1", "store-2"]
