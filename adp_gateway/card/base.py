@@ -4,7 +4,7 @@ is the card's own business.
 
 The surface is key-value. A value is one object of a tenant, named by ``(tenant, key)``; the
 card stores it as fragments of at most ``fragment_bytes`` (its value size), fragment ``i`` on
-database ``fragment_databases(...)[i]`` (adp_gateway/fragmenter.py decides, so every card
+database ``fragment_plan(...)[i].database`` (adp_wire/fragmenter.py decides, so every card
 stripes an object the same way and the scheduler can plan a store before it runs). Databases are
 the card's independent queues (one per drive on the software card): I/O on one never waits for
 another's.
@@ -21,8 +21,6 @@ call               promise
                    ``StorageError`` when the card failed; nothing is then published.
 ``get``            True only when every byte read into ``extent`` was verified; else a miss (False),
                    never wrong bytes. A corrupt value is dropped.
-``get_unverified`` zero-copy load: reads into ``extent`` and returns the payload checksums the
-                   client must verify (one per fragment), or None for a miss.
 ``delete``         per key, whether it was there; a deleted value never comes back, even after a
                    restart. Raises ``StorageError`` (nothing deleted) when it cannot be recorded.
 ``exists``         answered from memory, never from the device.
@@ -131,11 +129,6 @@ class Card(abc.ABC):
 
     @abc.abstractmethod
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool: ...
-
-    @abc.abstractmethod
-    def get_unverified(
-        self, tenant: str, key: str, extent: memoryview, object_bytes: int
-    ) -> list[int] | None: ...
 
     @abc.abstractmethod
     def delete(self, tenant: str, keys: Iterable[str]) -> list[bool]: ...

@@ -100,32 +100,22 @@ class MemoryCard(Card):
             self._counts["stores"] += 1
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
-        return self._load(tenant, key, extent, object_bytes, verify=True) is not None
-
-    def get_unverified(
-        self, tenant: str, key: str, extent: memoryview, object_bytes: int
-    ) -> list[int] | None:
-        return self._load(tenant, key, extent, object_bytes, verify=False)
-
-    def _load(
-        self, tenant: str, key: str, extent: memoryview, object_bytes: int, verify: bool
-    ) -> list[int] | None:
         with self._lock:
             self._counts["loads"] += 1
             value = self._values.get((tenant, key))
             if value is None or len(value.data) != object_bytes:
                 self._counts["load_misses"] += 1
-                return None
+                return False
             self._values.move_to_end((tenant, key))
         extent[:object_bytes] = value.data
-        if verify and not self._intact(tenant, key, extent, object_bytes, value):
+        if not self._intact(tenant, key, extent, object_bytes, value):
             with self._lock:
                 self._counts["verify_failures"] += 1
                 self._counts["load_misses"] += 1
                 if self._values.get((tenant, key)) is value:
                     self._remove((tenant, key))
-            return None
-        return list(value.checksums)
+            return False
+        return True
 
     def _intact(
         self, tenant: str, key: str, extent: memoryview, object_bytes: int, value: _Value

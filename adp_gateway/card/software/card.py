@@ -153,25 +153,6 @@ class SoftwareCard(Card):
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
         """Read the object into ``extent``; True only when every byte was verified."""
-        return self._load(tenant, key, extent, object_bytes, None)
-
-    def get_unverified(
-        self, tenant: str, key: str, extent: memoryview, object_bytes: int
-    ) -> list[int] | None:
-        """A zero-copy load: read the object into ``extent`` (the client's L1), check every
-        fragment's header, and return the payload checksums the client must verify before it
-        reports the load; None for a miss. The gateway never reads L1 itself."""
-        checksums: list[int] = []
-        return checksums if self._load(tenant, key, extent, object_bytes, checksums) else None
-
-    def _load(
-        self,
-        tenant: str,
-        key: str,
-        extent: memoryview,
-        object_bytes: int,
-        checksums: list[int] | None,
-    ) -> bool:
         self._counts["loads"] += 1
         manifest = self.index.get((tenant, key))
         if manifest is None or manifest.object_bytes != object_bytes:
@@ -187,7 +168,7 @@ class SoftwareCard(Card):
             self._counts["load_misses"] += 1  # evicted since it was looked up: a plain miss
             return False
         for index, header in enumerate(headers):
-            if not intact((tenant, key), manifest, index, header, extent, checksums):
+            if not intact((tenant, key), manifest, index, header, extent):
                 self._counts["verify_failures"] += 1
                 self._counts["load_misses"] += 1
                 self._drop((tenant, key), manifest)

@@ -132,10 +132,8 @@ def intact(
     index: int,
     header: RecordHeader | None,
     extent: memoryview,
-    checksums: list[int] | None,
 ) -> bool:
-    """Whether fragment ``index``, read into ``extent``, is what the index says. With
-    ``checksums`` its payload is the client's to verify: its checksum is appended there."""
+    """Whether fragment ``index``, read into ``extent``, is what the index says."""
     offset = index * manifest.fragment_bytes
     length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
     expected = (Kind.DATA, object_id[0], object_id[1], manifest.seq, index, offset, length)
@@ -155,9 +153,6 @@ def intact(
             manifest.locations[index],
         )
         return False
-    if checksums is not None:
-        checksums.append(header.payload_checksum)
-        return True
     if checksum(extent[offset : offset + length]) != header.payload_checksum:
         log.warning("%s/%s: fragment %d failed its checksum; reporting a miss", *object_id, index)
         return False
