@@ -698,9 +698,13 @@ class Client:
 
 
 def drain(scheduler: Scheduler) -> None:
-    """Run every queued task, as the I/O threads would (an exception here is a bug)."""
+    """Run every queued task, as the I/O threads would (an exception here is a bug), each
+    reported finished afterwards, as they do."""
     while (task := scheduler.next(timeout_s=0)) is not None:
-        task.run()
+        try:
+            task.run()
+        finally:
+            scheduler.finished(task)
 
 
 def draw_descriptor(src: Source, busy: Sequence[int] = ()) -> tuple[Submission, bytes]:
