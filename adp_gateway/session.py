@@ -59,9 +59,10 @@ _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
 # What an I/O task reports: status, per-key result bytes in the arena, the object's length, and
 # how many of its keys were found (a hit, a store done, a key deleted).
-_Outcome = tuple[Status, int, int, int]
-_EXPIRED: _Outcome = (Status.EXPIRED, 0, 0, 0)
-_FAILED: _Outcome = (Status.FAILED, 0, 0, 0)
+# What an op's work reports: status, result bytes, data bytes, hits, and its summary counts.
+_Outcome = tuple[Status, int, int, int, dict[str, int] | None]
+_EXPIRED: _Outcome = (Status.EXPIRED, 0, 0, 0, None)
+_FAILED: _Outcome = (Status.FAILED, 0, 0, 0, None)
 
 
 class Session:
@@ -178,9 +179,11 @@ class Session:
         result_bytes: int = 0,
         data_bytes: int = 0,
         hits: int = 1,
+        counted: dict[str, int] | None = None,
     ) -> None:
-        """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes).
-        Dropped silently once the session is closed."""
+        """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes);
+        ``counted`` adds to the session's summary under the same lock. Dropped silently once
+        the session is closed."""
         completion = Completion(
             submission.op_id, submission.slot, status, 0, 0, result_bytes, 0, data_bytes
         )
@@ -189,6 +192,8 @@ class Session:
                 return
             if status in _SHED:
                 self._counts[_SHED[status]] += 1
+            if counted:
+                self._counts.update(counted)
             arrived, keys = self._inflight.pop(submission.slot, (time.monotonic(), 1))
             self._backlog.append(completion)
             try:
@@ -228,8 +233,9 @@ class Session:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
             found = self._store.exists(self.tenant, keys)
-            self._count(keys_looked_up=len(keys), keys_found=sum(found))
-            self.complete(submission, *_results(arena, found))
+            status, result_bytes, _, hits, _ = _results(arena, found)
+            counted = {"keys_looked_up": len(keys), "keys_found": hits}
+            self.complete(submission, status, result_bytes, 0, hits, counted)
         elif op == Op.DELETE:
             self._queue(
                 submission,
@@ -266,10 +272,10 @@ class Session:
 
         def load() -> _Outcome:
             found = self._store.get(self.tenant, key, extent, length)
-            self._count(loads=1, load_hits=int(found), bytes_loaded=length if found else 0)
             if found:
                 self._metrics.moved("read", self.tenant, length)
-            return (Status.OK if found else Status.MISS), 0, length, int(found)
+            counted = {"loads": 1, "load_hits": int(found), "bytes_loaded": length * found}
+            return (Status.OK if found else Status.MISS), 0, length, int(found), counted
 
         if op == Op.GET:
             databases = self._store.databases_holding(self.tenant, keys)
@@ -282,9 +288,8 @@ class Session:
 
         def store() -> _Outcome:
             self._store.put(self.tenant, key, extent, length, checksums)
-            self._count(stores=1, bytes_stored=length)
             self._metrics.moved("written", self.tenant, length)
-            return Status.OK, 0, 0, 1
+            return Status.OK, 0, 0, 1, {"stores": 1, "bytes_stored": length}
 
         databases = self._store.databases_to_store(self.tenant, key, length)
         self._queue(submission, length, store, databases, reads_l1=zero_copy)
@@ -386,7 +391,7 @@ class Session:
 def _results(arena: memoryview, results: list[bool]) -> _Outcome:
     """Per-key results written to the slot's arena, as an OK outcome."""
     arena[: len(results)] = bytes(results)
-    return Status.OK, len(results), 0, sum(results)
+    return Status.OK, len(results), 0, sum(results), None
 
 
 def _describe(counts: dict[str, int]) -> str:
