@@ -37,6 +37,9 @@ class Kind(IntEnum):
     REGION = 3  # header-only first record of every filling of a region: gives its epoch
 
 
+_KINDS = {int(kind): kind for kind in Kind}
+
+
 def key_hash(tenant: str, key: str) -> int:
     return int(xxhash.xxh3_64_intdigest(f"{tenant}\0{key}".encode()))
 
@@ -117,7 +120,8 @@ def unpack_header(buf: bytes | memoryview, seed: int) -> RecordHeader | None:
         tenant_len,
         key_len,
     ) = _FIXED.unpack_from(buf)
-    if version != FORMAT_VERSION or kind not in Kind.__members__.values():
+    kind = _KINDS.get(kind)
+    if version != FORMAT_VERSION or kind is None:
         return None
     if tenant_len + key_len > NAME_BYTES_MAX or fragment_index >= max(fragment_count, 1):
         return None
@@ -131,7 +135,7 @@ def unpack_header(buf: bytes | memoryview, seed: int) -> RecordHeader | None:
     if key_hash(tenant, key) != hashed:
         return None
     return RecordHeader(
-        Kind(kind),
+        kind,
         seq,
         tenant,
         key,

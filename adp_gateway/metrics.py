@@ -29,6 +29,7 @@ listens, 503 before and while stopping.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -88,6 +89,12 @@ class Metrics:
         # Plain running totals (keys per op, bytes), for the last minute's rates in `status`.
         self.totals: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        # A metric's child per label values, found once: prometheus_client's labels() call
+        # builds and validates its key each time, which cost the gateway about 6% of its
+        # Python time at 256 KiB loads.
+        self._labelled: Callable[..., Any] = functools.lru_cache(maxsize=4096)(
+            lambda metric, *values: metric.labels(*values)
+        )
 
     def completed(
         self, op: Op, tenant: str, status: Status, keys: int, hits: int, seconds: float
@@ -97,22 +104,22 @@ class Metrics:
         name = OP_NAMES[op]
         if status == Status.OK:
             found = "ok" if op == Op.SET else "hit"
-            self.keys.labels(name, found, tenant).inc(hits)
+            self._labelled(self.keys, name, found, tenant).inc(hits)
             if keys > hits:
-                self.keys.labels(name, "miss", tenant).inc(keys - hits)
+                self._labelled(self.keys, name, "miss", tenant).inc(keys - hits)
             outcome = found if hits else "miss"
         else:
             outcome = OUTCOMES.get(status, "failed")
-            self.keys.labels(name, outcome, tenant).inc(keys)
-        self.ops.labels(name, outcome, tenant).inc()
-        self.op_duration.labels(name).observe(seconds)
+            self._labelled(self.keys, name, outcome, tenant).inc(keys)
+        self._labelled(self.ops, name, outcome, tenant).inc()
+        self._labelled(self.op_duration, name).observe(seconds)
         with self._lock:
             self.totals[f"{name}_keys"] += keys
 
     def moved(self, direction: str, tenant: str, nbytes: int) -> None:
         """Object bytes ``read`` (a load hit) or ``written`` (a store)."""
         counter = self.read_bytes if direction == "read" else self.written_bytes
-        counter.labels(tenant).inc(nbytes)
+        self._labelled(counter, tenant).inc(nbytes)
         with self._lock:
             self.totals[f"{direction}_bytes"] += nbytes
 
