@@ -3,7 +3,8 @@
 # tree): the disk's floor (bench/floor.py with a carried static fio), L1-hit lookups while the same
 # server writes through (bench/lookup_under_load.py, GPU mode, 1 GiB prompts), and the 8.6 GB
 # long restore (bench/long_restore.py: ours on the default path, ours with L1 in shared memory on
-# the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved.
+# the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved; and
+# on request (STEPS=matrix, MATRIX_ARGS) bench/matrix.py through `lmcache bench l2`.
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
 # Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
 # list and why the shim):
@@ -69,6 +70,11 @@ for step in $STEPS; do
         --rounds "${LOOKUP_ROUNDS:-3}" --lmcache-bin $BIN --logs "$OUT/logs/lookup" \
         --out "$OUT/lookup_under_load-h200"; echo "lookup rc=$?"
       rm -rf "$D/lookup" ;;
+    matrix)
+      ts "== matrix through lmcache bench l2 (${MATRIX_ARGS:-})"
+      ADP_LMCACHE_BIN=$BIN timeout $(( $(left) - 5 )) $PY -m bench.matrix --dir "$D/matrix" \
+        ${MATRIX_ARGS:-} --out "$OUT/matrix-h200"; echo "matrix rc=$?"
+      rm -rf "$D/matrix" ;;
     restore)
       for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }

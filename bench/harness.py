@@ -25,6 +25,9 @@ from typing import Any
 from tests.support import BIN, ROOT
 
 TIMEOUT_S = 1800
+# The directory holding the `lmcache` command: this venv's, or ADP_LMCACHE_BIN (a host whose
+# lmcache lives elsewhere, such as bench/h200.sh's launcher that loads the GPU shim).
+LMCACHE_BIN = Path(os.environ.get("ADP_LMCACHE_BIN", BIN))
 MBPS_PER_MIBPS = 1.048576
 
 
@@ -65,7 +68,7 @@ def lmcache_bench(
     """Run one operation. MB/s (10^6 bytes/s) of the keys that succeeded over the measured
     rounds, the fraction that did, and CPU seconds per GB of the harness process (``client``)
     and of each of ``sample_pids``."""
-    argv = [str(BIN / "lmcache"), "bench", "l2", "--l2-adapter", spec, "--only", only]
+    argv = [str(LMCACHE_BIN / "lmcache"), "bench", "l2", "--l2-adapter", spec, "--only", only]
     argv += [*load.argv(), "--format", "json", "--output", str(out)]
     env = {
         **os.environ,
