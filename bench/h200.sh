@@ -44,6 +44,10 @@ BIN=/tmp/lmcbin; mkdir -p $BIN  # `lmcache` that loads the shim (bench/gpu_lmc.p
 printf '#!/bin/sh\nexport PYTHONPATH=%s:"$PYTHONPATH"\nexec %s %s "$@"\n' "$PYTHONPATH" \
   "$($PY -c 'import sys; print(sys.executable)')" "$REPO/bench/gpu_lmc.py" > $BIN/lmcache
 chmod +x $BIN/lmcache
+# The benches start the gateway as `adp-gateway` beside the interpreter (tests/support's BIN).
+PYBIN=$($PY -c 'import sys, os; print(os.path.dirname(sys.executable))')
+[ -x "$PYBIN/adp-gateway" ] || { printf '#!/bin/sh\nexport PYTHONPATH=%s:"$PYTHONPATH"\nexec %s -m adp_gateway "$@"\n' \
+  "$PYTHONPATH" "$($PY -c 'import sys; print(sys.executable)')" > "$PYBIN/adp-gateway" && chmod +x "$PYBIN/adp-gateway"; }
 
 D=""  # a directory on a real disk that takes O_DIRECT
 for d in ${DATA_DIRS:-/tmp /var/tmp /root}; do
