@@ -70,7 +70,7 @@ class ADPParams(Settings):
         "never take every core from LMCache's own threads and the link's",
     )
     pending_store_bytes_max: ByteSize = Field(
-        default=2**30,
+        default=256 * 2**20,
         description="bytes of stores waiting for room in the gateway's session; beyond it new "
         "stores fail at once (LMCache keeps the chunks in L1) instead of holding its buffers",
     )
