@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from adp_gateway.card.base import Card
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_gateway.l1 import L1Segment
+from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Priority, Scheduler, Task
 from adp_wire.protocol import (
@@ -130,11 +131,7 @@ class Session:
                     break
                 if self._submitted in events:
                     _reset(self._submitted)
-                    # Lookups first: they are answered here, from memory; the rest only queue
-                    # work for the I/O threads (in the order they came, which stable sorting keeps).
-                    submissions = self._submissions.pop_all()
-                    for submission in sorted(submissions, key=lambda s: s.op != Op.EXISTS):
-                        self._dispatch(submission)
+                    self.dispatch(self._submissions.pop_all())
         except ProtocolError as exc:
             log.error("%s: %s; dropping the session", self.name, exc)
         finally:
@@ -223,7 +220,18 @@ class Session:
             raise ProtocolError("client wrote to the socket after the handshake")
         return False
 
-    def _dispatch(self, submission: Submission) -> None:
+    def dispatch(self, submissions: list[Submission]) -> None:
+        """The requests behind one doorbell. Lookups first: they are answered here, from memory;
+        the rest only queue work for the I/O threads, in the order they came (which stable
+        sorting keeps), the loads in groups (loads.py). Raises ProtocolError."""
+        wanted: list[Load] = []
+        for submission in sorted(submissions, key=lambda s: s.op != Op.EXISTS):
+            self._dispatch(submission, wanted)
+        for group in groups(wanted):
+            self._queue_loads(group)
+
+    def _dispatch(self, submission: Submission, wanted: list[Load]) -> None:
+        """Answer a lookup, queue a store or delete, or add a load to ``wanted``."""
         op = self._check(submission)
         arena = self._layout.arena(self._memory, submission.slot)
         keys = decode_keys(bytes(arena[: submission.request_bytes]), KEYS_PER_REQUEST_MAX)
@@ -244,7 +252,7 @@ class Session:
                 self._store.databases_holding(self.tenant, keys),
             )
         else:
-            self._queue_data_op(op, submission, keys, arena)
+            self._queue_data_op(op, submission, keys, arena, wanted)
 
     def _check(self, submission: Submission) -> Op:
         if submission.op not in Op.__members__.values():
@@ -262,7 +270,7 @@ class Session:
         return Op(submission.op)
 
     def _queue_data_op(
-        self, op: Op, submission: Submission, keys: list[str], arena: memoryview
+        self, op: Op, submission: Submission, keys: list[str], arena: memoryview, wanted: list[Load]
     ) -> None:
         if len(keys) != 1:
             raise ProtocolError(f"a {op.name} carries one key, got {len(keys)}")
@@ -270,16 +278,8 @@ class Session:
         zero_copy = bool(submission.flags & FLAG_L1)
         extent = self._l1_pages(submission) if zero_copy else self._window_extent(submission)
 
-        def load() -> _Outcome:
-            found = self._store.get(self.tenant, key, extent, length)
-            if found:
-                self._metrics.moved("read", self.tenant, length)
-            counted = {"loads": 1, "load_hits": int(found), "bytes_loaded": length * found}
-            return (Status.OK if found else Status.MISS), 0, length, int(found), counted
-
         if op == Op.GET:
-            databases = self._store.databases_holding(self.tenant, keys)
-            self._queue(submission, length, load, databases)
+            wanted.append(Load(submission, key, extent, length))
             return
         checksums = None
         if zero_copy:  # read now: the arena is the client's to scribble on
@@ -362,6 +362,48 @@ class Session:
         )
         if not self._scheduler.submit(task):
             self.complete(submission, Status.REJECTED)
+
+    def _queue_loads(self, group: list[Load]) -> None:
+        """One task reads the group (card.get_many); each load completes on its own."""
+
+        def run() -> None:
+            now = time.monotonic_ns()
+            live = [load for load in group if now <= load.submission.deadline_ns]
+            for load in group:
+                if now > load.submission.deadline_ns:
+                    self.complete(load.submission, Status.EXPIRED)
+            wanted = [(load.key, load.extent, load.object_bytes) for load in live]
+            try:
+                found = self._store.get_many(self.tenant, wanted)
+            except StorageError as exc:
+                log.error("%s: a load of %d objects failed: %s", self.name, len(live), exc)
+                found = None
+            for number, load in enumerate(live):
+                if found is None:
+                    self.complete(load.submission, Status.FAILED)
+                    continue
+                hit, size = found[number], load.object_bytes
+                if hit:
+                    self._metrics.moved("read", self.tenant, size)
+                counted = {"loads": 1, "load_hits": int(hit), "bytes_loaded": size * hit}
+                status = Status.OK if hit else Status.MISS
+                self.complete(load.submission, status, 0, size, int(hit), counted)
+
+        def cancel(status: Status) -> None:
+            for load in group:
+                self.complete(load.submission, status)
+
+        task = Task(
+            Priority.LOAD,
+            self.session_id,
+            min(load.submission.deadline_ns for load in group),
+            sum(load.object_bytes for load in group),
+            run,
+            cancel,
+            self._store.databases_holding(self.tenant, [load.key for load in group]),
+        )
+        if not self._scheduler.submit(task):
+            cancel(Status.REJECTED)
 
     def _attempt(self, submission: Submission, work: Callable[[], _Outcome]) -> _Outcome:
         try:

@@ -20,7 +20,8 @@ call               promise
                    Another length replaces the old version, which never comes back. Raises
                    ``StorageError`` when the card failed; nothing is then published.
 ``get``            True only when every byte read into ``extent`` was verified; else a miss (False),
-                   never wrong bytes. A corrupt value is dropped.
+                   never wrong bytes. A corrupt value is dropped. ``get_many``: the same for
+                   several values, each with its own answer.
 ``delete``         per key, whether it was there; a deleted value never comes back, even after a
                    restart. Raises ``StorageError`` (nothing deleted) when it cannot be recorded.
 ``exists``         answered from memory, never from the device.
@@ -56,7 +57,9 @@ if TYPE_CHECKING:
     from adp_gateway.card.software.devices.base import Device
     from adp_gateway.config import GatewayConfig
 
-__all__ = ["BuiltinCard", "Card", "CardContext", "CardStatistics", "key_hash"]
+__all__ = ["BuiltinCard", "Card", "CardContext", "CardStatistics", "Wanted", "key_hash"]
+
+Wanted = tuple[str, memoryview, int]  # a load: key, the extent to read into, object bytes
 
 
 class BuiltinCard(StrEnum):
@@ -129,6 +132,11 @@ class Card(abc.ABC):
 
     @abc.abstractmethod
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool: ...
+
+    def get_many(self, tenant: str, objects: list[Wanted]) -> list[bool]:
+        """``get`` of each ``(key, extent, object_bytes)``; a card may read them together
+        (the session hands a doorbell's small loads over as one)."""
+        return [self.get(tenant, key, extent, size) for key, extent, size in objects]
 
     @abc.abstractmethod
     def delete(self, tenant: str, keys: Iterable[str]) -> list[bool]: ...

@@ -682,7 +682,7 @@ class Client:
             return
         try:
             for submission in self.session._submissions.pop_all():
-                self.session._dispatch(submission)
+                self.session.dispatch([submission])
         except ProtocolError:
             self.dropped = True
             self.session.close()
@@ -750,7 +750,7 @@ def draw_descriptor(src: Source, busy: Sequence[int] = ()) -> tuple[Submission, 
 
 
 def expect(submission: Submission, request: bytes, in_flight: set[int], now: int) -> str:
-    """What Session._dispatch must do with ``submission``: refuse it (ProtocolError), answer it
+    """What Session.dispatch must do with ``submission``: refuse it (ProtocolError), answer it
     at once (EXISTS, or EXPIRED), or queue it for an I/O thread."""
     layout = SESSION_LAYOUT
     if submission.op not in (1, 2, 3, 4) or submission.slot >= layout.slots:
@@ -776,7 +776,7 @@ def expect(submission: Submission, request: bytes, in_flight: set[int], now: int
 
 @target
 def target_session(src: Source) -> None:
-    """Session._dispatch of fuzzed descriptors, one after another: it refuses (ProtocolError)
+    """Session.dispatch of fuzzed descriptors, one after another: it refuses (ProtocolError)
     exactly what the checks forbid (unknown op, unknown flags or flags on an op but a store,
     slot out of range, request over its arena, slot reused while in flight, bad keys, a data op's
     window range unaligned or outside the window, a data op without exactly one key, a zero-copy
@@ -811,7 +811,7 @@ def target_session(src: Source) -> None:
                 request = bytes(arena[: submission.request_bytes])
             outcome = expect(submission, request, set(queued), time.monotonic_ns())
             try:
-                client.session._dispatch(submission)
+                client.session.dispatch([submission])
             except ProtocolError as exc:
                 assert outcome == REFUSED, f"{submission} refused ({exc}), expected {outcome}"
                 return

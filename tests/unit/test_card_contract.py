@@ -96,6 +96,26 @@ def test_a_value_comes_back_as_it_was_put(reopen: Opener, size: int) -> None:
     assert get(card, "k", size + 1) is None  # another length is a miss, never wrong bytes
 
 
+def test_several_values_come_back_together_each_with_its_own_answer(reopen: Opener) -> None:
+    """get_many, the session's path for a doorbell's small loads: values stored one after
+    another (back to back on a log), one striped over both databases, a missing key and a
+    wrong length in one call; each answer and each extent as its own get would give."""
+    card = reopen()
+    sizes = {"a": OBJECT, "b": 1, "c": 3 * FRAGMENT + 5, "d": OBJECT}
+    stored = {key: payload(i + 7, size) for i, (key, size) in enumerate(sizes.items())}
+    for key, data in stored.items():
+        put(card, key, data)
+    wanted = [("d", OBJECT), ("absent", OBJECT), ("a", OBJECT), ("c", sizes["c"]), ("b", 2)]
+    wanted += [("b", 1)]
+    extents = [extent(bytes(size)) for _, size in wanted]
+    found = card.get_many("t", [(k, e, n) for (k, n), e in zip(wanted, extents, strict=True)])
+    assert found == [True, False, True, True, False, True]
+    for (key, size), out, hit in zip(wanted, extents, found, strict=True):
+        if hit:
+            assert bytes(out[:size]) == stored[key]
+    assert card.get_many("t", []) == []
+
+
 def test_a_value_is_stored_as_fragments_no_larger_than_the_value_size(reopen: Opener) -> None:
     card = reopen()
     assert card.fragment_bytes == FRAGMENT and card.databases == DATABASES

@@ -17,6 +17,7 @@ from adp_gateway.session import Session
 from adp_wire.protocol import Op, Status, encode_keys
 from adp_wire.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
 from adp_wire.ring.queue import completion_consumer
+from tests.support.fuzz_parsers import drain
 from tests.support.storage import REGION, open_store
 
 LAYOUT = RingLayout(slots=4, arena_bytes=64 * 2**10, window_bytes=8 * PAGE_BYTES)
@@ -50,7 +51,7 @@ def submit(
     arena = LAYOUT.arena(memory, slot)
     arena[: len(payload)] = payload
     entry = Submission(slot + 100, op, 0, 0, slot, len(payload), 0, deadline, offset, size)
-    session._dispatch(entry)
+    session.dispatch([entry])
     return entry
 
 
@@ -85,6 +86,39 @@ def test_exists_is_answered_inline_and_expired_ops_complete_as_expired(
     assert [(c.slot, Status(c.status)) for c in got] == [(2, Status.OK), (3, Status.EXPIRED)]
     assert bytes(LAYOUT.arena(memory, 2)[:2]) == b"\x00\x00"
     assert scheduler.statistics().queued == (0, 0, 0)
+
+
+def test_loads_behind_one_doorbell_are_read_as_one_task_each_completing_on_its_own(
+    session: tuple[Session, Scheduler, memoryview],
+) -> None:
+    """loads.py: the session queues a doorbell's small loads as one group (one scheduler
+    task, one card.get_many); each still gets its own completion, hit or miss, and its own
+    bytes in its own window range."""
+    s, scheduler, memory = session
+    completions = completion_consumer(memory, LAYOUT)
+    window = LAYOUT.window(memory)
+    stored = {key: bytes([n + 1]) * PAGE_BYTES for n, key in enumerate(["a", "b"])}
+    for slot, (key, data) in enumerate(stored.items()):
+        window[slot * PAGE_BYTES : (slot + 1) * PAGE_BYTES] = data
+        submit(s, memory, Op.SET, slot, [key], slot * PAGE_BYTES, PAGE_BYTES)
+    drain(scheduler)
+    assert {c.slot: Status(c.status) for c in completions.pop_all()} == {0: Status.OK, 1: Status.OK}
+    window[: 3 * PAGE_BYTES] = bytes(3 * PAGE_BYTES)
+    loads = [
+        Submission(100 + slot, Op.GET, 0, 0, slot, 0, 0, FAR, slot * PAGE_BYTES, PAGE_BYTES)
+        for slot in range(3)
+    ]
+    for slot, key in enumerate(["b", "absent", "a"]):
+        payload = encode_keys([key])
+        LAYOUT.arena(memory, slot)[: len(payload)] = payload
+        loads[slot] = loads[slot]._replace(request_bytes=len(payload))
+    s.dispatch(loads)
+    assert scheduler.statistics().queued == (1, 0, 0)  # one task for the three loads
+    drain(scheduler)
+    got = {c.slot: Status(c.status) for c in completions.pop_all()}
+    assert got == {0: Status.OK, 1: Status.MISS, 2: Status.OK}
+    assert bytes(window[:PAGE_BYTES]) == stored["b"]
+    assert bytes(window[2 * PAGE_BYTES : 3 * PAGE_BYTES]) == stored["a"]
 
 
 def test_data_op_with_two_keys_is_refused(session: tuple[Session, Scheduler, memoryview]) -> None:

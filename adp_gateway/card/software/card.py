@@ -24,7 +24,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics
+from adp_gateway.card.base import Card, CardContext, CardStatistics, Wanted
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.fragments import FragmentIO, intact
@@ -153,25 +153,57 @@ class SoftwareCard(Card):
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
         """Read the object into ``extent``; True only when every byte was verified."""
-        self._counts["loads"] += 1
-        manifest = self.index.get((tenant, key))
-        if manifest is None or manifest.object_bytes != object_bytes:
-            self._counts["load_misses"] += 1
-            return False
+        return self.get_many(tenant, [(key, extent, object_bytes)])[0]
+
+    def get_many(self, tenant: str, objects: list[Wanted]) -> list[bool]:
+        """Read each object into its extent, all in one pass over the databases (fragments
+        that lie back to back on disk share a vectored read); True where every byte was
+        verified."""
+        self._counts["loads"] += len(objects)
+        found = [False] * len(objects)
+        wanted: list[tuple[int, Manifest]] = []
+        for number, (key, _, object_bytes) in enumerate(objects):
+            manifest = self.index.get((tenant, key))
+            if manifest is not None and manifest.object_bytes == object_bytes:
+                wanted.append((number, manifest))
+        reads = self._read(tenant, [(manifest, objects[n]) for n, manifest in wanted])
+        for (number, manifest), read in zip(wanted, reads, strict=True):
+            key, extent, _ = objects[number]
+            if read is not None:
+                found[number] = self._verified((tenant, key), manifest, read, extent)
+        self._counts["load_misses"] += found.count(False)
+        return found
+
+    def _read(
+        self, tenant: str, wanted: list[tuple[Manifest, Wanted]]
+    ) -> list[list[RecordHeader | None] | None]:
+        """Each object's fragment headers, its bytes read into its extent; None for one whose
+        read failed (the device failed, maybe for a moment: the object is kept). Read together
+        first; when that fails, each alone, so a failed read costs only its own objects."""
         try:
-            headers = self._fragments.read(manifest, extent)
-        except StorageError as exc:  # the device failed, maybe for a moment: keep the object
-            log.error("%s/%s: %s", tenant, key, exc)
-            self._counts["load_misses"] += 1
-            return False
+            return list(self._fragments.read([(m, extent) for m, (_, extent, _) in wanted]))
+        except StorageError as exc:
+            if len(wanted) == 1:
+                log.error("%s/%s: %s", tenant, wanted[0][1][0], exc)
+                return [None]
+            log.warning("%s: %s; reading its %d objects one by one", tenant, exc, len(wanted))
+        return [self._read(tenant, [one])[0] for one in wanted]
+
+    def _verified(
+        self,
+        object_id: ObjectId,
+        manifest: Manifest,
+        headers: list[RecordHeader | None],
+        extent: memoryview,
+    ) -> bool:
+        """Whether the fragments read into ``extent`` are this version's, intact; a corrupt
+        one drops the object (invariant 1), an evicted one is a plain miss."""
         if None in headers and not all(map(self._log.is_current, manifest.locations)):
-            self._counts["load_misses"] += 1  # evicted since it was looked up: a plain miss
-            return False
+            return False  # evicted since it was looked up
         for index, header in enumerate(headers):
-            if not intact((tenant, key), manifest, index, header, extent):
+            if not intact(object_id, manifest, index, header, extent):
                 self._counts["verify_failures"] += 1
-                self._counts["load_misses"] += 1
-                self._drop((tenant, key), manifest)
+                self._drop(object_id, manifest)
                 return False
         return True
 

@@ -1,6 +1,6 @@
-"""One object's fragments on the software card's databases: written and read in parallel (a
-thread pool per database, so a stalled drive cannot hold up another's), and each fragment read
-back checked against what the index says before anyone trusts it."""
+"""Objects' fragments on the software card's databases: written and read in parallel (a thread
+pool per database, so a stalled drive cannot hold up another's), and each fragment read back
+checked against what the index says before anyone trusts it."""
 
 from __future__ import annotations
 
@@ -77,27 +77,38 @@ class FragmentIO:
         }
         return [placed[i] for i in range(len(plan))]
 
-    def read(self, manifest: Manifest, extent: memoryview) -> list[RecordHeader | None]:
-        """Every fragment's header, its payload read into ``extent``; the databases in
-        parallel. Raises StorageError."""
-        groups: dict[int, list[int]] = defaultdict(list)
-        for index, location in enumerate(manifest.locations):
-            groups[location.database].append(index)
+    def read(self, objects: list[tuple[Manifest, memoryview]]) -> list[list[RecordHeader | None]]:
+        """Each object's fragment headers, its payloads read into its extent: all fragments of
+        a database in one call, in disk order (records that lie back to back, such as objects
+        stored one after another, share a vectored read), the databases in parallel. Raises
+        StorageError."""
+        if not objects:
+            return []
+        groups: dict[int, list[tuple[int, int]]] = defaultdict(list)  # (object, fragment)
+        for number, (manifest, _) in enumerate(objects):
+            for index, location in enumerate(manifest.locations):
+                groups[location.database].append((number, index))
+        for fragments in groups.values():
+            fragments.sort(key=lambda f: objects[f[0]][0].locations[f[1]].offset)
 
         def read(database: int) -> list[RecordHeader | None]:
-            indexes = groups[database]
+            locations: list[Location] = []
             payloads: list[memoryview | None] = []
-            for index in indexes:
+            for number, index in groups[database]:
+                manifest, extent = objects[number]
                 offset = index * manifest.fragment_bytes
                 length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
+                locations.append(manifest.locations[index])
                 payloads.append(extent[offset : offset + align_up(length)])
-            return self._log.read_many([manifest.locations[i] for i in indexes], payloads)
+            return self._log.read_many(locations, payloads)
 
         found = self.each_database(read, list(groups))
-        headers: list[RecordHeader | None] = [None] * len(manifest.locations)
-        for database, indexes in groups.items():
-            for index, header in zip(indexes, found[database], strict=True):
-                headers[index] = header
+        headers: list[list[RecordHeader | None]] = [
+            [None] * len(manifest.locations) for manifest, _ in objects
+        ]
+        for database, fragments in groups.items():
+            for (number, index), header in zip(fragments, found[database], strict=True):
+                headers[number][index] = header
         return headers
 
     def each_database(self, work: Callable[[int], _T], databases: list[int]) -> dict[int, _T]:

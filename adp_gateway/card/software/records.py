@@ -198,6 +198,10 @@ class RecordWriter:
                 db.last_io = time.monotonic()
 
 
+# Records in one vectored read: two buffers each, well inside the kernel's IOV_MAX (1024).
+RUN_RECORDS_MAX = 256
+
+
 class RecordReader:
     """Reads records back, header and payload, in vectored reads."""
 
@@ -209,18 +213,23 @@ class RecordReader:
     ) -> list[RecordHeader | None]:
         """Read records of one database (each header, and its payload into ``payloads[i]``);
         records that lie back to back are read with one vectored read. An entry is None when
-        that header is not valid any more; all are None, without I/O, when a region was reclaimed
-        since the locations were looked up. Raises StorageError if a read failed."""
+        that header is not valid any more, without I/O when its region was reclaimed since the
+        locations were looked up. Raises StorageError if a read failed."""
         db = self._state.databases[locations[0].database]
-        regions = {location.region for location in locations}
         with self._state.lock:
-            if not all(map(self._state.is_current, locations)):
-                return [None] * len(locations)
+            current = [i for i, at in enumerate(locations) if self._state.is_current(at)]
+            regions = {locations[i].region for i in current}
             for region in regions:
                 db.regions[region].reads_inflight += 1
             db.busy += 1
         try:
-            return self._read_records(db, locations, payloads)
+            headers: list[RecordHeader | None] = [None] * len(locations)
+            found = self._read_records(
+                db, [locations[i] for i in current], [payloads[i] for i in current]
+            )
+            for i, header in zip(current, found, strict=True):
+                headers[i] = header
+            return headers
         finally:
             with self._state.lock:
                 for region in regions:
@@ -238,6 +247,7 @@ class RecordReader:
             last = first
             while (
                 last + 1 < len(locations)
+                and last + 1 - first < RUN_RECORDS_MAX
                 and locations[last].offset + locations[last].record_bytes
                 == locations[last + 1].offset
             ):

@@ -1,0 +1,48 @@
+"""A doorbell's loads, read together.
+
+LMCache asks for a batch of chunks at once (a prefetch, a retrieve), and the plugin rings the
+doorbell once for all of them. The session hands the loads it found behind one doorbell to the
+I/O threads in groups rather than one by one: a group is one scheduler task and one pass of the
+card's ``get_many``, whose fragments that lie back to back on disk (chunks stored one after
+another) share one vectored read. At 256 KiB a load costs the gateway far more Python than
+I/O, so grouping is what lets small objects go at the disk's pace; large objects still go
+alone, so several I/O threads read them in parallel.
+
+A group is queued with the earliest deadline of its loads; each load still completes on its
+own, and one whose deadline has passed when the group starts completes as expired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from adp_wire.ring.layout import Submission
+
+GROUP_BYTES_MAX = 8 * 2**20  # a load this large or larger goes alone
+GROUP_LOADS_MAX = 64
+
+
+@dataclass(frozen=True)
+class Load:
+    submission: Submission
+    key: str
+    extent: memoryview  # in the session's window
+    object_bytes: int
+
+
+def groups(loads: list[Load]) -> Iterator[list[Load]]:
+    """Consecutive loads, in order, in groups of at most ``GROUP_LOADS_MAX`` loads and
+    ``GROUP_BYTES_MAX`` bytes (a larger load alone)."""
+    group: list[Load] = []
+    group_bytes = 0
+    for load in loads:
+        if group and (
+            len(group) == GROUP_LOADS_MAX or group_bytes + load.object_bytes > GROUP_BYTES_MAX
+        ):
+            yield group
+            group, group_bytes = [], 0
+        group.append(load)
+        group_bytes += load.object_bytes
+    if group:
+        yield group

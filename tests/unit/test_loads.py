@@ -1,0 +1,38 @@
+"""Goal: a doorbell's loads go to the I/O threads in groups that keep their order, hold at most
+GROUP_LOADS_MAX loads and GROUP_BYTES_MAX bytes, and leave a large load alone (so several I/O
+threads read large objects in parallel)."""
+
+from __future__ import annotations
+
+from adp_gateway.loads import GROUP_BYTES_MAX, GROUP_LOADS_MAX, Load, groups
+from adp_wire.protocol import Op
+from adp_wire.ring.layout import Submission
+
+
+def loads(*sizes: int) -> list[Load]:
+    extent = memoryview(bytearray(1))
+    return [
+        Load(Submission(n, Op.GET, 0, 0, n, 0, 0, 0, 0, size), f"k{n}", extent, size)
+        for n, size in enumerate(sizes)
+    ]
+
+
+def sizes_of(wanted: list[Load]) -> list[list[int]]:
+    return [[load.object_bytes for load in group] for group in groups(wanted)]
+
+
+def test_small_loads_share_a_group_up_to_its_count_or_bytes_and_keep_their_order() -> None:
+    tiny = loads(*[4096] * (GROUP_LOADS_MAX + 6))
+    assert [len(group) for group in groups(tiny)] == [GROUP_LOADS_MAX, 6]
+    chunks = loads(*[256 * 2**10] * 67)  # LMCache's default chunk: 32 to a group of 8 MiB
+    found = list(groups(chunks))
+    assert [len(group) for group in found] == [32, 32, 3]
+    assert [load for group in found for load in group] == chunks
+
+
+def test_large_loads_go_alone_and_a_group_never_passes_its_bytes() -> None:
+    big, small = GROUP_BYTES_MAX, 2**20
+    assert sizes_of(loads(big, big)) == [[big], [big]]
+    assert sizes_of(loads(small, big, small)) == [[small], [big], [small]]
+    assert sizes_of(loads(*[small] * 9)) == [[small] * 8, [small]]
+    assert sizes_of([]) == []
