@@ -24,14 +24,14 @@ def sizes_of(wanted: list[Load]) -> list[list[int]]:
 def test_small_loads_share_a_group_up_to_its_count_or_bytes_and_keep_their_order() -> None:
     tiny = loads(*[4096] * (GROUP_LOADS_MAX + 6))
     assert [len(group) for group in groups(tiny)] == [GROUP_LOADS_MAX, 6]
-    chunks = loads(*[256 * 2**10] * 67)  # LMCache's default chunk: 32 to a group of 8 MiB
+    chunks = loads(*[256 * 2**10] * 67)  # LMCache's default chunk: 8 to a group of 2 MiB
     found = list(groups(chunks))
-    assert [len(group) for group in found] == [32, 32, 3]
+    assert [len(group) for group in found] == [8] * 8 + [3]
     assert [load for group in found for load in group] == chunks
 
 
 def test_large_loads_go_alone_and_a_group_never_passes_its_bytes() -> None:
-    big, small = GROUP_BYTES_MAX, 2**20
+    big, small = GROUP_BYTES_MAX, GROUP_BYTES_MAX // 8
     assert sizes_of(loads(big, big)) == [[big], [big]]
     assert sizes_of(loads(small, big, small)) == [[small], [big], [small]]
     assert sizes_of(loads(*[small] * 9)) == [[small] * 8, [small]]
