@@ -29,27 +29,24 @@ from collections.abc import Callable, Iterator
 
 from adp_gateway.card.base import Card
 from adp_gateway.errors import ProtocolError, StorageError
+from adp_gateway.extents import checksums_offset, l1_pages, window_range
 from adp_gateway.l1 import L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Priority, Scheduler, Task
 from adp_wire.protocol import (
-    CHECKSUM_BYTES,
     KEYS_PER_REQUEST_MAX,
     Op,
     Status,
     Welcome,
-    checksums_at,
     decode_keys,
     unpack_checksums,
 )
 from adp_wire.ring.layout import (
     FLAG_L1,
-    PAGE_BYTES,
     Completion,
     RingLayout,
     Submission,
-    align_up,
     create_shared,
 )
 from adp_wire.ring.queue import completion_producer, submission_consumer
@@ -276,7 +273,11 @@ class Session:
             raise ProtocolError(f"a {op.name} carries one key, got {len(keys)}")
         key, length = keys[0], submission.data_bytes
         zero_copy = bool(submission.flags & FLAG_L1)
-        extent = self._l1_pages(submission) if zero_copy else self._window_extent(submission)
+        if zero_copy:
+            extent = l1_pages(self._l1, self._layout.window_bytes, submission)
+            self._count(zero_copy=1)
+        else:
+            extent = window_range(self._window, submission)
 
         if op == Op.GET:
             wanted.append(Load(submission, key, extent, length))
@@ -284,7 +285,8 @@ class Session:
         checksums = None
         if zero_copy:  # read now: the arena is the client's to scribble on
             count = self._store.fragment_count(length)
-            checksums = unpack_checksums(arena, count, self._checksums_at(submission))
+            at = checksums_offset(submission, count, self._layout.arena_bytes)
+            checksums = unpack_checksums(arena, count, at)
 
         def store() -> _Outcome:
             self._store.put(self.tenant, key, extent, length, checksums)
@@ -293,44 +295,6 @@ class Session:
 
         databases = self._store.databases_to_store(self.tenant, key, length)
         self._queue(submission, length, store, databases, reads_l1=zero_copy)
-
-    def _window_extent(self, submission: Submission) -> memoryview:
-        start = submission.data_offset
-        end = start + align_up(submission.data_bytes)
-        if start % PAGE_BYTES or end > self._layout.window_bytes:
-            raise ProtocolError(
-                f"window range [{start}, {end}) is unaligned or outside the "
-                f"{self._layout.window_bytes}-byte window"
-            )
-        return self._window[start:end]
-
-    def _l1_pages(self, submission: Submission) -> memoryview:
-        """A zero-copy store's pages in L1: whole pages only, so no byte of L1 beyond the
-        object ever reaches the disk."""
-        if self._l1 is None:
-            raise ProtocolError("a zero-copy store on a session without an L1 segment")
-        if submission.data_bytes % PAGE_BYTES:
-            raise ProtocolError(
-                f"a zero-copy store of {submission.data_bytes} bytes, not whole pages"
-            )
-        if submission.data_bytes > self._layout.window_bytes:
-            raise ProtocolError(
-                f"an object of {submission.data_bytes} bytes exceeds the session's "
-                f"{self._layout.window_bytes}-byte object limit"
-            )
-        self._count(zero_copy=1)
-        return self._l1.pages(submission.data_offset, submission.data_bytes)
-
-    def _checksums_at(self, submission: Submission) -> int:
-        """Where a zero-copy store's checksums lie in its arena: after its keys. Raises
-        ProtocolError when they would not fit."""
-        at = checksums_at(submission.request_bytes)
-        count = self._store.fragment_count(submission.data_bytes)
-        if at + count * CHECKSUM_BYTES > self._layout.arena_bytes:
-            raise ProtocolError(
-                f"the checksums of a {submission.data_bytes}-byte object do not fit the arena"
-            )
-        return at
 
     def _queue(
         self,

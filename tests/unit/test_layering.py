@@ -54,7 +54,7 @@ GATEWAY_LAYERS = [
     {"adp_gateway.card.base"},
     {"adp_gateway.card.memory", "adp_gateway.card.software.card"},
     {"adp_gateway.card.loader"},
-    {"adp_gateway.loads"},
+    {"adp_gateway.loads", "adp_gateway.extents"},
     {"adp_gateway.session"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},

@@ -34,7 +34,6 @@ from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.config import GatewayConfig, region_quotas
-from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
 
 log = logging.getLogger(__name__)
@@ -166,28 +165,13 @@ class SoftwareCard(Card):
             manifest = self.index.get((tenant, key))
             if manifest is not None and manifest.object_bytes == object_bytes:
                 wanted.append((number, manifest))
-        reads = self._read(tenant, [(manifest, objects[n]) for n, manifest in wanted])
+        reads = self._fragments.read_isolated([(m, objects[n][1]) for n, m in wanted], tenant)
         for (number, manifest), read in zip(wanted, reads, strict=True):
             key, extent, _ = objects[number]
             if read is not None:
                 found[number] = self._verified((tenant, key), manifest, read, extent)
         self._counts["load_misses"] += found.count(False)
         return found
-
-    def _read(
-        self, tenant: str, wanted: list[tuple[Manifest, Wanted]]
-    ) -> list[list[RecordHeader | None] | None]:
-        """Each object's fragment headers, its bytes read into its extent; None for one whose
-        read failed (the device failed, maybe for a moment: the object is kept). Read together
-        first; when that fails, each alone, so a failed read costs only its own objects."""
-        try:
-            return list(self._fragments.read([(m, extent) for m, (_, extent, _) in wanted]))
-        except StorageError as exc:
-            if len(wanted) == 1:
-                log.error("%s/%s: %s", tenant, wanted[0][1][0], exc)
-                return [None]
-            log.warning("%s: %s; reading its %d objects one by one", tenant, exc, len(wanted))
-        return [self._read(tenant, [one])[0] for one in wanted]
 
     def _verified(
         self,

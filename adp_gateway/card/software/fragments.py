@@ -111,6 +111,21 @@ class FragmentIO:
                 headers[number][index] = header
         return headers
 
+    def read_isolated(
+        self, objects: list[tuple[Manifest, memoryview]], tenant: str
+    ) -> list[list[RecordHeader | None] | None]:
+        """``read``, with None for an object whose read failed (the device failed, maybe for a
+        moment: the object is kept). Read together first; when that fails, each alone, so a
+        failed read costs only its own objects."""
+        try:
+            return list(self.read(objects))
+        except StorageError as exc:
+            if len(objects) == 1:
+                log.error("%s: %s", tenant, exc)
+                return [None]
+            log.warning("%s: %s; reading its %d objects one by one", tenant, exc, len(objects))
+        return [self.read_isolated([one], tenant)[0] for one in objects]
+
     def each_database(self, work: Callable[[int], _T], databases: list[int]) -> dict[int, _T]:
         """``work`` for each database, in parallel when there are several (one object's
         fragments on several drives use them all at once). Raises the first StorageError."""
