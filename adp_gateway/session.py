@@ -55,9 +55,8 @@ from adp_wire.units import format_size
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
-# What an I/O task reports: status, per-key result bytes in the arena, the object's length, and
-# how many of its keys were found (a hit, a store done, a key deleted).
-# What an op's work reports: status, result bytes, data bytes, hits, and its summary counts.
+# What an op's work reports: status, per-key result bytes in the arena, the object's length, how
+# many of its keys were found (a hit, a store done, a key deleted), and its summary counts.
 _Outcome = tuple[Status, int, int, int, dict[str, int] | None]
 _EXPIRED: _Outcome = (Status.EXPIRED, 0, 0, 0, None)
 _FAILED: _Outcome = (Status.FAILED, 0, 0, 0, None)
@@ -238,9 +237,8 @@ class Session:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
             found = self._store.exists(self.tenant, keys)
-            status, result_bytes, _, hits, _ = _results(arena, found)
-            counted = {"keys_looked_up": len(keys), "keys_found": hits}
-            self.complete(submission, status, result_bytes, 0, hits, counted)
+            counted = {"keys_looked_up": len(keys), "keys_found": sum(found)}
+            self.complete(submission, *_results(arena, found, counted))
         elif op == Op.DELETE:
             self._queue(
                 submission,
@@ -332,21 +330,22 @@ class Session:
 
         def run() -> None:
             now = time.monotonic_ns()
-            live = [load for load in group if now <= load.submission.deadline_ns]
+            live = []
             for load in group:
                 if now > load.submission.deadline_ns:
                     self.complete(load.submission, Status.EXPIRED)
+                else:
+                    live.append(load)
             wanted = [(load.key, load.extent, load.object_bytes) for load in live]
             try:
                 found = self._store.get_many(self.tenant, wanted)
             except StorageError as exc:
                 log.error("%s: a load of %d objects failed: %s", self.name, len(live), exc)
-                found = None
-            for number, load in enumerate(live):
-                if found is None:
+                for load in live:
                     self.complete(load.submission, Status.FAILED)
-                    continue
-                hit, size = found[number], load.object_bytes
+                return
+            for load, hit in zip(live, found, strict=True):
+                size = load.object_bytes
                 if hit:
                     self._metrics.moved("read", self.tenant, size)
                 counted = {"loads": 1, "load_hits": int(hit), "bytes_loaded": size * hit}
@@ -394,10 +393,12 @@ class Session:
                 self._idle.notify_all()
 
 
-def _results(arena: memoryview, results: list[bool]) -> _Outcome:
+def _results(
+    arena: memoryview, results: list[bool], counted: dict[str, int] | None = None
+) -> _Outcome:
     """Per-key results written to the slot's arena, as an OK outcome."""
     arena[: len(results)] = bytes(results)
-    return Status.OK, len(results), 0, sum(results), None
+    return Status.OK, len(results), 0, sum(results), counted
 
 
 def _describe(counts: dict[str, int]) -> str:
