@@ -1,5 +1,6 @@
 """Lookups of prompts wholly in L1 while the same LMCache server writes other prompts through to
-L2: what a vLLM user feels when the storage tier is busy. Ours against ``fs_native``, one run.
+L2: what a vLLM user feels when the storage tier is busy. Ours against ``fs_native`` and a floor
+(``null``, an adapter that costs nothing: bench/null_adapter.py), one run.
 
     python -m bench.lookup_under_load --dir /path/on/the/disk [--prompt-mib 128] [--rounds 3]
     python -m bench.lookup_under_load --dir D --mode gpu --prompt-mib 1024   # the H200
@@ -53,6 +54,11 @@ RESULTS = ROOT / "bench" / "results"
 BYTES_PER_TOKEN = 128 * 2**10  # the shape below: 2 x 32 layers x 8 heads x 128 x bf16
 KV_SHAPE = "(2,{blocks},16,8,128):bfloat16:32"
 MiB = 2**20
+NULL_ADAPTER = {  # the floor: an adapter that costs LMCache nothing (bench/null_adapter.py)
+    "type": "native_plugin",
+    "module_path": "bench.null_adapter",
+    "class_name": "NullConnector",
+}
 
 
 # The client: one process driving one lmcache server -------------------------------------------
@@ -172,6 +178,8 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
             spec = gateway.l2_adapter_json(op_timeout_s=60.0)
+        elif name == "null":
+            spec = json.dumps(NULL_ADAPTER | {"adapter_params": {"store_gbps": args.null_gbps}})
         else:
             (workdir / "l2").mkdir()
             spec = json.dumps(
@@ -315,10 +323,11 @@ def drive_main(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "backlog_mib": args.backlog_mib,
         "exists_per_second": args.exists_per_second,
+        "null_gbps": args.null_gbps,
         "rounds": {name: [] for name in contenders},
     }
     for round_number in range(args.rounds):
-        for name in contenders:  # interleaved: ours, fs_native, ours, fs_native...
+        for name in contenders:  # interleaved: ours, fs_native, null, ours, fs_native...
             try:
                 result = run_contender(args, name, directory / f"{name}-{round_number}")
             except Exception as exc:  # recorded, and the other contenders still run
@@ -385,6 +394,14 @@ def render(report: dict[str, Any]) -> str:
             f"| {_ms(s.get('idle_p99_ms'))} | {_ms(s.get('busy_p50_ms'))} "
             f"| {_ms(s.get('busy_p99_ms'))} | {gap} | {s['full_hits']} |"
         )
+    if "null" in report["summary"]:
+        lines += [
+            "",
+            "`null` is the floor: an adapter that costs LMCache nothing (bench/null_adapter.py; "
+            f"no bytes kept, a store done after the time {report.get('null_gbps', 1.5)} GB/s "
+            "would take, EXISTS answered at once). What it shows between idle and busy is "
+            "LMCache's own work on the prompt being written through, which no adapter removes.",
+        ]
     exists = report.get("exists_1000_keys")
     if exists:
         lines += [
@@ -423,7 +440,10 @@ def main() -> int:
     parser.add_argument("--lookups-per-store", type=int, default=5)
     parser.add_argument("--idle-lookups", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--contenders", default="lmcache_adp,fs_native")
+    parser.add_argument("--contenders", default="lmcache_adp,fs_native,null")
+    parser.add_argument(
+        "--null-gbps", type=float, default=1.5, help="how fast the null floor 'writes' (GB/s)"
+    )
     parser.add_argument("--mode", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--transfer-mode", default=None)
     parser.add_argument("--lmcache-bin", default=str(BIN))
