@@ -139,6 +139,8 @@ def markdown(report: dict[str, Any]) -> str:
     sections = ["# Read-first scheduling under a store backlog (`bench/backlog.py`)\n\n" + head]
     if "backlog" in report:
         sections.append(_backlog_section(report))
+    if "one_session" in report:
+        sections.append(_one_session_section(report["one_session"]))
     writers = {
         "fairness": _fairness_section,
         "admission": _admission_section,
@@ -163,6 +165,24 @@ def _backlog_section(report: dict[str, Any]) -> str:
         f"{_gib(b['backlog_gib_at_loads'])} GiB ({_gib(b['queued_stores_at_loads'])} stores); "
         f"deepest seen {b['backlog_gib_max']} GiB, reached {b['seconds_to_depth']} s after "
         f"the floods started. Flood stores: {_stores(b['flood'])}.",
+    )
+
+
+def _one_session_section(o: dict[str, Any]) -> str:
+    return _section(
+        "Loads behind stores of the same session (as one LMCache server uses the plugin)",
+        "load of one object",
+        [
+            _row("idle session", o["idle_load"]),
+            _row("behind the session's own store backlog", o["backlog_load"]),
+            _row("(the backlog's stores)", o["flood"]["ok_latency"], o["flood"]["ok"]),
+        ],
+        f"Ratio: **{o['ratio_p50']}x at p50, {o['ratio_p90']}x at p90** (target at most "
+        f"{o['target_ratio_max']}x at p50). Store backlog queued in the gateway when each load "
+        f"was submitted: {_gib(o['backlog_gib_at_loads'])} GiB "
+        f"({_gib(o['queued_stores_at_loads'])} stores); the rest of the session's stores wait "
+        f"in the plugin (its window and pending_store_bytes_max bound them). Backlog stores: "
+        f"{_stores(o['flood'])}.",
     )
 
 
