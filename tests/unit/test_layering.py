@@ -49,7 +49,12 @@ GATEWAY_LAYERS = [
     {"adp_gateway.card.software.pools", "adp_gateway.card.software.preparation"},
     {"adp_gateway.card.software.records", "adp_gateway.card.software.recovery"},
     {"adp_gateway.card.software.regionlog", "adp_gateway.check"},
-    {"adp_gateway.card.software.fragments", "adp_gateway.scheduler", "adp_gateway.config"},
+    {
+        "adp_gateway.card.software.fragments",
+        "adp_gateway.card.software.catalog",
+        "adp_gateway.scheduler",
+        "adp_gateway.config",
+    },
     # The card seam: the gateway above talks only to card.base (the loader picks the card).
     {"adp_gateway.card.base"},
     {"adp_gateway.card.memory", "adp_gateway.card.software.card"},

@@ -1,15 +1,12 @@
-"""The software card (``card: software``): objects over the region log, with the in-memory
-index, tombstones and delete; recovery is recovery.py's, fragment I/O fragments.py's.
+"""The software card (``card: software``): objects over the region log. What it holds (manifests,
+tombstones, versions) is catalog.py's, how fragments are written and read fragments.py's, and
+recovery recovery.py's.
 
 Crash ordering: an object's fragments are written (and synced, under ``sync: always``) before its
-manifest is published in the index; a delete removes the manifest first, then appends a
-tombstone, and so does an overwrite with another length before it writes the new version. On
-restart, ``recover`` rebuilds the index from the records on disk: the newest complete version of
-each object wins unless a newer tombstone deletes it. Tombstones outlive the records they shadow
-(tombstones.py).
-
-The store tells the region log which records it uses (``retain``/``release``), so eviction
-reclaims emptied regions (deleted or overwritten objects) before it evicts anything.
+manifest is published in the catalog; a delete buries the version under a tombstone before it
+leaves the index, and so does an overwrite with another length before it writes the new version.
+On restart the catalog is rebuilt from the records on disk: the newest complete version of each
+object wins unless a newer tombstone deletes it.
 
 Every read is verified before it is reported loaded: each fragment's header must name the same
 tenant, key, version and position, and its payload must match its checksum. Anything else is a
@@ -18,23 +15,21 @@ miss, logged, and the object is dropped from the index (invariant 1).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from adp_gateway.card.base import Card, CardContext, CardStatistics, Wanted
+from adp_gateway.card.software.catalog import Catalog
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.fragments import FragmentIO, intact
 from adp_gateway.card.software.index import Index, Manifest, ObjectId
 from adp_gateway.card.software.pools import Pools
-from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
-from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.config import GatewayConfig, region_quotas
-from adp_gateway.format import Kind, RecordHeader
+from adp_gateway.format import RecordHeader
 
 log = logging.getLogger(__name__)
 _COUNTED = ("loads", "load_misses", "stores", "stores_skipped", "verify_failures")
@@ -60,12 +55,9 @@ class SoftwareCard(Card):
         self._sync = sync
         self._on_written = on_written or (lambda: None)
         self._prepare = prepare
-        self.index = Index()
-        self._seq = itertools.count(1)
-        self._seq_lock = threading.Lock()
+        self._catalog = Catalog(region_log)
         self._counts: dict[str, int] = defaultdict(int)
-        self._tombstones = Tombstones()
-        self._tombstones_lock = threading.Lock()
+        self._counts_lock = threading.Lock()  # the I/O threads count at once
         self._fragments = FragmentIO(region_log)
 
     @classmethod
@@ -74,21 +66,14 @@ class SoftwareCard(Card):
         capacity) or a block device."""
         return _open(config, context)
 
+    @property
+    def index(self) -> Index:
+        """The manifests of the objects held (tests and ``adp-gateway check`` inspect it)."""
+        return self._catalog.index
+
     def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
         """The region log reclaims a region: forget its objects, return tombstones to carry."""
-        dropped = self.index.reclaim(database, region, epoch)
-        for manifest in dropped:
-            self._log.release(manifest.locations)
-        with self._tombstones_lock:
-            carried = self._tombstones.carry(database, region, self._log.is_current)
-        log.debug(
-            "reclaimed database %d region %d: %d objects evicted, %d tombstones carried",
-            database,
-            region,
-            len(dropped),
-            len(carried),
-        )
-        return carried
+        return self._catalog.on_reclaim(database, region, epoch)
 
     @property
     def databases(self) -> int:
@@ -130,16 +115,16 @@ class SoftwareCard(Card):
         """
         existing = self.index.get((tenant, key))
         if existing is not None and existing.object_bytes == object_bytes:
-            self._counts["stores_skipped"] += 1
+            self._count("stores_skipped", 1)
             return
         synced = set()
-        if existing is not None and self._drop((tenant, key), existing):
+        if existing is not None and self._catalog.drop((tenant, key), existing):
             # Another length: the old version must never come back, so its tombstone is synced
             # with the new version.
             synced.add(existing.locations[0].database)
         if checksums is None:
             extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
-        seq = self._next_seq()
+        seq = self._catalog.next_seq()
         plan = self.fragment_plan(tenant, key, object_bytes)
 
         locations = self._fragments.write((tenant, key), seq, extent, plan, checksums)
@@ -147,8 +132,8 @@ class SoftwareCard(Card):
         if self._sync:
             self._log.sync(synced | {loc.database for loc in locations})
         manifest = Manifest(seq, object_bytes, self._fragment_bytes_max, tuple(locations))
-        self._publish((tenant, key), manifest)
-        self._counts["stores"] += 1
+        self._catalog.publish((tenant, key), manifest)
+        self._count("stores", 1)
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
         """Read the object into ``extent``; True only when every byte was verified."""
@@ -158,7 +143,7 @@ class SoftwareCard(Card):
         """Read each object into its extent, all in one pass over the databases (fragments
         that lie back to back on disk share a vectored read); True where every byte was
         verified."""
-        self._counts["loads"] += len(objects)
+        self._count("loads", len(objects))
         found = [False] * len(objects)
         wanted: list[tuple[int, Manifest]] = []
         for number, (key, _, object_bytes) in enumerate(objects):
@@ -170,7 +155,7 @@ class SoftwareCard(Card):
             key, extent, _ = objects[number]
             if read is not None:
                 found[number] = self._verified((tenant, key), manifest, read, extent)
-        self._counts["load_misses"] += found.count(False)
+        self._count("load_misses", found.count(False))
         return found
 
     def _verified(
@@ -186,8 +171,8 @@ class SoftwareCard(Card):
             return False  # evicted since it was looked up
         for index, header in enumerate(headers):
             if not intact(object_id, manifest, index, header, extent):
-                self._counts["verify_failures"] += 1
-                self._drop(object_id, manifest)
+                self._count("verify_failures", 1)
+                self._catalog.drop(object_id, manifest)
                 return False
         return True
 
@@ -196,7 +181,7 @@ class SoftwareCard(Card):
         synced: set[int] = set()
         for key in keys:
             manifest = self.index.get((tenant, key))
-            dropped = manifest is not None and self._drop((tenant, key), manifest)
+            dropped = manifest is not None and self._catalog.drop((tenant, key), manifest)
             results.append(dropped)
             if dropped:
                 assert manifest is not None
@@ -205,36 +190,13 @@ class SoftwareCard(Card):
             self._log.sync(synced)
         return results
 
-    def _publish(self, object_id: ObjectId, manifest: Manifest) -> None:
-        self._log.retain(manifest.locations)
-        unused = self.index.put(object_id, manifest)
-        if unused is not None:
-            self._log.release(unused.locations)
-
-    def _drop(self, object_id: ObjectId, manifest: Manifest) -> bool:
-        """Bury this version under a tombstone, then remove it from the index, so that a restart
-        agrees with the index; False when the index holds another version by now. Raises
-        StorageError, with nothing changed, when the tombstone cannot be written."""
-        tombstone = RecordHeader(Kind.TOMBSTONE, self._next_seq(), *object_id, 0)
-        at = self._log.append(manifest.locations[0].database, tombstone, None)
-        if self.index.remove(object_id, manifest.seq) is None:
-            return False
-        self._log.release(manifest.locations)
-        with self._tombstones_lock:
-            self._tombstones.add(object_id, tombstone.seq, at, manifest.locations)
-        return True
-
     def recover(self) -> int:
-        """Rebuild the index from disk (recovery.py); returns the number of objects found.
-        Then, when the config asks, the preparer starts writing never-written regions."""
-        top_seq = rebuild(
-            self._log.scan(ProgressLog()), self.index, self._tombstones, self._log.retain
-        )
-        with self._seq_lock:
-            self._seq = itertools.count(top_seq + 1)
+        """Rebuild the catalog from disk; returns the number of objects found. Then, when the
+        config asks, the preparer starts writing never-written regions."""
+        found = self._catalog.recover()
         if self._prepare:
             self._log.prepare_in_background()
-        return len(self.index)
+        return found
 
     def sync_all(self) -> None:
         """Make every write so far durable on every database."""
@@ -250,13 +212,17 @@ class SoftwareCard(Card):
             used_bytes=self._log.used_bytes,
             capacity_bytes=self._log.capacity_bytes,
             reclaims=self._log.reclaims,
-            tombstones=len(self._tombstones),
-            **{name: self._counts[name] for name in _COUNTED},
+            tombstones=self._catalog.tombstones,
+            **self._counted(),
         )
 
-    def _next_seq(self) -> int:
-        with self._seq_lock:
-            return next(self._seq)
+    def _count(self, name: str, increment: int) -> None:
+        with self._counts_lock:
+            self._counts[name] += increment
+
+    def _counted(self) -> dict[str, int]:
+        with self._counts_lock:
+            return {name: self._counts[name] for name in _COUNTED}
 
 
 def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
