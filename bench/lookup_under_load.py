@@ -135,6 +135,14 @@ def client_main(args: argparse.Namespace) -> int:
         resident = client.create_request(0, "resident", "cold")
         client.store(resident, 0, resident.num_full_tokens)
         client.end_session(resident)
+
+        def resident_in_l1() -> bool:  # a store can end after its call returns, on a busy host
+            request = client.create_request(0, "ready", "warm")
+            hits, _ = lookup_ms(request)
+            client.end_session(request)
+            return bool(hits == request.total_chunks)
+
+        wait_until(resident_in_l1, 600, "the resident prompt to be in L1")
         wait_until(lambda: pending() == 0, 600, "L2 to take the resident prompt")
         idle = [look(0, f"idle-{i}") for i in range(args.idle_lookups)]
         busy: list[float] = []
