@@ -5,14 +5,14 @@ protocol (unknown op, slot out of range or already in flight, a window range out
 malformed keys) drops this session with a log line; other sessions are not affected.
 
 Threads: ``run`` (the session's own thread) reads submissions and answers EXISTS from the index;
-the I/O threads run its loads, stores and deletes and call ``complete``. The mapping stays alive
-until the last I/O thread has released its views of it, so a dead client never pulls memory out
-from under an in-flight read or write.
+the I/O threads run its loads, stores and deletes (work.py) and call ``complete``. The mapping
+stays alive until the last I/O thread has released its views of it, so a dead client never pulls
+memory out from under an in-flight read or write.
 
 Zero-copy stores (``FLAG_L1``) read the client's L1 pages, through the kernel only (``pwritev``),
-inside ``_reading_l1``; the session closes its socket only once no store is inside, so a client
-that sees EOF knows the gateway has let go of its L1 (docs/design.md, "Zero-copy stores"). The
-gateway never writes L1: every load lands in the window.
+inside the session's ``L1Readers``; the session closes its socket only once no store is inside,
+so a client that sees EOF knows the gateway has let go of its L1 (docs/design.md, "Zero-copy
+stores"). The gateway never writes L1: every load lands in the window.
 """
 
 from __future__ import annotations
@@ -25,15 +25,16 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from adp_gateway.card.base import Card
-from adp_gateway.errors import ProtocolError, StorageError
+from adp_gateway.errors import ProtocolError
 from adp_gateway.extents import checksums_offset, l1_pages, window_range
 from adp_gateway.l1 import L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
-from adp_gateway.scheduler import Priority, Scheduler, Task
+from adp_gateway.scheduler import Scheduler
+from adp_gateway.work import L1Readers, SessionWork, results
 from adp_wire.protocol import (
     KEYS_PER_REQUEST_MAX,
     Op,
@@ -53,13 +54,7 @@ from adp_wire.ring.queue import completion_producer, submission_consumer
 from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
-_PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
-# What an op's work reports: status, per-key result bytes in the arena, the object's length, how
-# many of its keys were found (a hit, a store done, a key deleted), and its summary counts.
-_Outcome = tuple[Status, int, int, int, dict[str, int] | None]
-_EXPIRED: _Outcome = (Status.EXPIRED, 0, 0, 0, None)
-_FAILED: _Outcome = (Status.FAILED, 0, 0, 0, None)
 
 
 class Session:
@@ -88,9 +83,7 @@ class Session:
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
         self._l1 = l1
-        self._l1_busy = 0  # stores inside _reading_l1; under _idle
-        self._l1_closed = False  # no store enters _reading_l1 any more; under _idle
-        self._idle = threading.Condition()
+        self._l1_readers = L1Readers()
         self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._completed = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._submissions = submission_consumer(self._memory, layout)
@@ -101,6 +94,16 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._counts: Counter[str] = Counter()  # under _lock; logged when the session ends
+        self._work = SessionWork(
+            session_id,
+            tenant,
+            self.name,
+            store,
+            scheduler,
+            metrics,
+            self.complete,
+            self._l1_readers,
+        )
 
     def welcome(self, object_bytes_max: int) -> tuple[Welcome, list[int]]:
         welcome = Welcome(
@@ -142,9 +145,7 @@ class Session:
             self._closed = True
         self._close_memfd()
         self._scheduler.drop_session(self.session_id)
-        with self._idle:  # EOF tells the client the gateway has let go of its L1
-            self._l1_closed = True
-            self._idle.wait_for(lambda: self._l1_busy == 0)
+        self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
         self._sock.close()
         os.close(self._submitted)
         with self._lock:
@@ -152,6 +153,9 @@ class Session:
             counts = dict(self._counts)
         if started:
             log.info("%s closed: %s", self.name, _describe(counts))
+        # Dropping the work breaks the cycle self -> work -> self.complete, so the mapping is
+        # freed as soon as the last queued task lets go of it, not at the collector's next pass.
+        del self._work
         self._on_close(self)
 
     def _close_memfd(self) -> None:
@@ -224,7 +228,7 @@ class Session:
         for submission in sorted(submissions, key=lambda s: s.op != Op.EXISTS):
             self._dispatch(submission, wanted)
         for group in groups(wanted):
-            self._queue_loads(group)
+            self._work.loads(group)
 
     def _dispatch(self, submission: Submission, wanted: list[Load]) -> None:
         """Answer a lookup, queue a store or delete, or add a load to ``wanted``."""
@@ -238,14 +242,9 @@ class Session:
         elif op == Op.EXISTS:
             found = self._store.exists(self.tenant, keys)
             counted = {"keys_looked_up": len(keys), "keys_found": sum(found)}
-            self.complete(submission, *_results(arena, found, counted))
+            self.complete(submission, *results(arena, found, counted))
         elif op == Op.DELETE:
-            self._queue(
-                submission,
-                0,
-                lambda: _results(arena, self._store.delete(self.tenant, keys)),
-                self._store.databases_holding(self.tenant, keys),
-            )
+            self._work.delete(submission, keys, arena)
         else:
             self._queue_data_op(op, submission, keys, arena, wanted)
 
@@ -285,120 +284,7 @@ class Session:
             count = self._store.fragment_count(length)
             at = checksums_offset(submission, count, self._layout.arena_bytes)
             checksums = unpack_checksums(arena, count, at)
-
-        def store() -> _Outcome:
-            self._store.put(self.tenant, key, extent, length, checksums)
-            self._metrics.moved("written", self.tenant, length)
-            return Status.OK, 0, 0, 1, {"stores": 1, "bytes_stored": length}
-
-        databases = self._store.databases_to_store(self.tenant, key, length)
-        self._queue(submission, length, store, databases, reads_l1=zero_copy)
-
-    def _queue(
-        self,
-        submission: Submission,
-        data_bytes: int,
-        work: Callable[[], _Outcome],
-        databases: frozenset[int],
-        reads_l1: bool = False,
-    ) -> None:
-        def run() -> None:
-            if time.monotonic_ns() > submission.deadline_ns:
-                self.complete(submission, Status.EXPIRED)
-                return
-            if not reads_l1:
-                self.complete(submission, *self._attempt(submission, work))
-                return
-            with self._reading_l1() as allowed:
-                outcome = self._attempt(submission, work) if allowed else _EXPIRED
-            self.complete(submission, *outcome)
-
-        task = Task(
-            _PRIORITY[Op(submission.op)],
-            self.session_id,
-            submission.deadline_ns,
-            data_bytes,
-            run,
-            lambda status: self.complete(submission, status),
-            databases,
-        )
-        if not self._scheduler.submit(task):
-            self.complete(submission, Status.REJECTED)
-
-    def _queue_loads(self, group: list[Load]) -> None:
-        """One task reads the group (card.get_many); each load completes on its own."""
-
-        def run() -> None:
-            now = time.monotonic_ns()
-            live = []
-            for load in group:
-                if now > load.submission.deadline_ns:
-                    self.complete(load.submission, Status.EXPIRED)
-                else:
-                    live.append(load)
-            wanted = [(load.key, load.extent, load.object_bytes) for load in live]
-            try:
-                found = self._store.get_many(self.tenant, wanted)
-            except StorageError as exc:
-                log.error("%s: a load of %d objects failed: %s", self.name, len(live), exc)
-                for load in live:
-                    self.complete(load.submission, Status.FAILED)
-                return
-            for load, hit in zip(live, found, strict=True):
-                size = load.object_bytes
-                if hit:
-                    self._metrics.moved("read", self.tenant, size)
-                counted = {"loads": 1, "load_hits": int(hit), "bytes_loaded": size * hit}
-                status = Status.OK if hit else Status.MISS
-                self.complete(load.submission, status, 0, size, int(hit), counted)
-
-        def cancel(status: Status) -> None:
-            for load in group:
-                self.complete(load.submission, status)
-
-        task = Task(
-            Priority.LOAD,
-            self.session_id,
-            min(load.submission.deadline_ns for load in group),
-            sum(load.object_bytes for load in group),
-            run,
-            cancel,
-            self._store.databases_holding(self.tenant, [load.key for load in group]),
-        )
-        if not self._scheduler.submit(task):
-            cancel(Status.REJECTED)
-
-    def _attempt(self, submission: Submission, work: Callable[[], _Outcome]) -> _Outcome:
-        try:
-            return work()
-        except StorageError as exc:
-            log.error("%s: op %d failed: %s", self.name, submission.op_id, exc)
-            return _FAILED
-
-    @contextlib.contextmanager
-    def _reading_l1(self) -> Iterator[bool]:
-        """Count a zero-copy store in while the kernel reads its L1 pages; yield False (do not
-        start) once the session is closing, because its client may already see EOF."""
-        with self._idle:
-            closing = self._l1_closed
-            self._l1_busy += not closing
-        if closing:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with self._idle:
-                self._l1_busy -= 1
-                self._idle.notify_all()
-
-
-def _results(
-    arena: memoryview, results: list[bool], counted: dict[str, int] | None = None
-) -> _Outcome:
-    """Per-key results written to the slot's arena, as an OK outcome."""
-    arena[: len(results)] = bytes(results)
-    return Status.OK, len(results), 0, sum(results), counted
+        self._work.store(submission, key, extent, checksums)
 
 
 def _describe(counts: dict[str, int]) -> str:

@@ -60,6 +60,7 @@ GATEWAY_LAYERS = [
     {"adp_gateway.card.memory", "adp_gateway.card.software.card"},
     {"adp_gateway.card.loader"},
     {"adp_gateway.loads", "adp_gateway.extents"},
+    {"adp_gateway.work"},
     {"adp_gateway.session"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},
