@@ -8,14 +8,10 @@ what is queued, let running I/O finish, sync, close the databases, remove the so
 from __future__ import annotations
 
 import contextlib
-import errno
-import grp
 import itertools
 import logging
 import os
 import socket
-import stat
-import struct
 import threading
 import time
 from collections import Counter
@@ -23,12 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import config as config_module
+from adp_gateway import unix_socket
 from adp_gateway.card.base import Card, CardContext
 from adp_gateway.card.loader import open_card
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
-from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError, StartupError
+from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
@@ -53,7 +50,6 @@ EXPIRE_INTERVAL_S = 0.1
 RATE_SAMPLE_INTERVAL_S = 5.0
 STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not ticked this long
 HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class Gateway:
@@ -64,7 +60,7 @@ class Gateway:
         check_host()
         # Before the databases are touched: a second gateway on a live socket is refused
         # without creating or preallocating anything.
-        _claim_socket_path(config.socket_path, config.socket_group)
+        unix_socket.claim(config.socket_path, config.socket_group)
         self.metrics = Metrics()
         self._rates = Rates(self.metrics)
         self._heartbeat: float | None = None  # the housekeeping thread's last tick (monotonic)
@@ -163,7 +159,7 @@ class Gateway:
         return {**status, "pools": pools, "device_errors": errors}
 
     def start(self) -> None:
-        self._listener = _listen(self.config.socket_path, self.config.socket_group)
+        self._listener = unix_socket.listen(self.config.socket_path, self.config.socket_group)
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
@@ -243,7 +239,7 @@ class Gateway:
             if not self._handshakes.acquire(blocking=False):
                 self._refuse(
                     conn,
-                    _peer(conn),
+                    unix_socket.peer_of(conn),
                     f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
                 )
                 continue
@@ -259,7 +255,7 @@ class Gateway:
             session.run()
 
     def _handshake(self, conn: socket.socket) -> Session | None:
-        peer = _peer(conn)
+        peer = unix_socket.peer_of(conn)
         received: list[int] = []  # the client's L1 segment, if it sent one
         try:
             conn.settimeout(self.config.handshake_timeout_s)
@@ -388,90 +384,3 @@ def _per_database_max(config: GatewayConfig) -> int | None:
     if len(config.database_paths) == 1:
         return None
     return max(1, config.io_threads - config.io_threads // 4)
-
-
-def _peer(conn: socket.socket) -> Peer:
-    """The connecting process, as the kernel saw it connect."""
-    try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    except OSError:
-        return Peer(-1, -1, -1)  # matches no tenant's uids or gids
-    return Peer(*_PEERCRED.unpack(creds))
-
-
-def _claim_socket_path(path: str, group: str | None) -> None:
-    """Make the socket's directory ready, and refuse a path a live gateway serves."""
-    _prepare_socket_dir(os.path.dirname(os.path.abspath(path)), group)
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError as exc:
-        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
-        os.unlink(path)  # left behind by a gateway that died
-    else:
-        raise StartupError(
-            f"{path} is already served by a live gateway: stop it first, or "
-            "give this one another `--socket`"
-        )
-    finally:
-        probe.close()
-
-
-def _prepare_socket_dir(directory: str, group: str | None) -> None:
-    """Create the socket's directory (mode 0750), and refuse one that another user owns or can
-    write: whoever can write it could put a socket of their own in the gateway's place."""
-    parent = os.path.dirname(directory)
-    config_module.make_dir(parent, 0o755, "the socket's parent directory", "--socket")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(directory, 0o750)
-    info = os.lstat(directory)
-    fix = "remove it, or give the gateway another `--socket`"
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise StartupError(f"the socket's directory {directory} is not a directory: {fix}")
-    if info.st_uid != os.geteuid():
-        raise StartupError(
-            f"the socket's directory {directory} belongs to uid {info.st_uid}, not to the "
-            f"gateway's user ({os.geteuid()}), who could replace the socket: {fix}"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StartupError(
-            f"the socket's directory {directory} is writable by other users (mode "
-            f"{stat.S_IMODE(info.st_mode):o}), who could replace the socket: `chmod go-w` it, "
-            "or give the gateway another `--socket`"
-        )
-    if group is not None:  # its members must reach the socket through the directory
-        os.chown(directory, -1, _group_id(group))
-        os.chmod(directory, stat.S_IMODE(info.st_mode) | 0o050)
-
-
-def _listen(path: str, group: str | None) -> socket.socket:
-    """Bind the Unix socket (its directory was claimed by ``_claim_socket_path``)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(path)
-    except OSError as exc:
-        listener.close()
-        raise StartupError(
-            f"cannot bind {path}: {exc.strerror}; choose another `--socket`"
-        ) from exc
-    os.chmod(path, 0o660)
-    if group is not None:
-        try:
-            os.chown(path, -1, _group_id(group))
-        except OSError as exc:
-            listener.close()
-            raise StartupError(
-                f"cannot give the socket to group {group!r}: {exc.strerror}; fix `socket_group`"
-            ) from exc
-    listener.listen(64)
-    return listener
-
-
-def _group_id(group: str) -> int:
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise StartupError(f"socket_group: no group named {group!r}; fix `socket_group`") from None
