@@ -17,7 +17,10 @@ In one run, on ``--dir`` (the disk under test):
      cache before the restore;
   4. with ``--shm-name``, lmcache-adp again with L1 in a shared-memory segment (the plugin's
      zero-copy case);
-  5. with ``--adp-config FILE``, lmcache-adp again with that gateway config (settings to weigh).
+  5. with ``--adp-config FILE``, lmcache-adp again with that gateway config (settings to weigh);
+  6. with ``--ram-l2 DIR`` (a tmpfs such as /dev/shm), ``fs_native`` again with its files there,
+     buffered: an L2 that reads at memory speed, so its restore time is what LMCache's own
+     pipeline (lookup, prefetch into L1, retrieve into the KV cache) costs whatever the tier.
 Writes ``OUT.json`` and ``OUT.md`` (``--out``, default bench/results/long_restore).
 """
 
@@ -199,6 +202,20 @@ def run_fs_native(setup: Setup) -> dict[str, Any]:
         remove_tree(workdir)
 
 
+def run_ram_l2(setup: Setup, ram_dir: Path) -> dict[str, Any]:
+    """fs_native with its files on a tmpfs, buffered: the restore at memory speed."""
+    workdir, base = setup.directory / "ram", ram_dir / "adp-bench-ram-l2"
+    workdir.mkdir()
+    base.mkdir(parents=True)
+    spec = json.dumps({"type": "fs_native", "base_path": str(base), "use_odirect": False})
+    try:
+        return store_then_restore(setup, workdir, spec, lambda: None)
+    finally:
+        keep_logs(setup, workdir, "ram_l2")
+        remove_tree(workdir)
+        remove_tree(base)
+
+
 def keep_logs(setup: Setup, workdir: Path, contender: str) -> None:
     if setup.logs is not None:
         shutil.copytree(workdir, setup.logs / contender, ignore=_not_logs, dirs_exist_ok=True)
@@ -237,7 +254,9 @@ def attempt(contender: Callable[..., dict[str, Any]], *args: Any) -> dict[str, A
         return {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
 
 
-def run(setup: Setup, shm_name: str | None, config: Path | None = None) -> dict[str, Any]:
+def run(
+    setup: Setup, shm_name: str | None, config: Path | None = None, ram_dir: Path | None = None
+) -> dict[str, Any]:
     setup.directory.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"floor": floor(setup)}
     print(json.dumps(results["floor"]), flush=True)
@@ -254,6 +273,9 @@ def run(setup: Setup, shm_name: str | None, config: Path | None = None) -> dict[
         print(json.dumps(results["lmcache_adp_shm_copy"]), flush=True)
         results["lmcache_adp_shm"] = attempt(run_adp, setup, shm_name)
         print(json.dumps(results["lmcache_adp_shm"]), flush=True)
+    if ram_dir is not None:
+        results["ram_l2"] = attempt(run_ram_l2, setup, ram_dir)
+        print(json.dumps(results["ram_l2"]), flush=True)
     return results
 
 
@@ -286,12 +308,15 @@ def main() -> int:
     parser.add_argument(
         "--adp-config", type=Path, help="also run lmcache-adp with this gateway config file"
     )
+    parser.add_argument(
+        "--ram-l2", type=Path, help="also run fs_native on this tmpfs: LMCache's own restore cost"
+    )
     args = parser.parse_args()
     setup = Setup(args.dir, Prompt.of_size(args.gb), args.mode, args.lmcache_bin, args.logs)
     report = {
         "command": " ".join(["python -m bench.long_restore", *sys.argv[1:]]),
         **environment(setup),
-        "results": run(setup, args.shm_name, args.adp_config),
+        "results": run(setup, args.shm_name, args.adp_config, args.ram_l2),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))

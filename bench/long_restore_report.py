@@ -10,6 +10,7 @@ CONTENDERS = (
     ("lmcache_adp_shm_copy", "lmcache-adp, L1 in shared memory, copy path (zero_copy: false)"),
     ("lmcache_adp_shm", "lmcache-adp, L1 in shared memory"),
     ("fs_native", "LMCache fs_native (O_DIRECT)"),
+    ("ram_l2", "LMCache fs_native on tmpfs (L2 at memory speed: LMCache's own cost)"),
 )
 
 
