@@ -108,13 +108,13 @@ class SessionWork:
         """Queue a store of ``extent`` (the window, or with ``checksums`` the client's L1)."""
         length = submission.data_bytes
 
-        def store() -> Outcome:
+        def put() -> Outcome:
             self._store.put(self._tenant, key, extent, length, checksums)
             self._metrics.moved("written", self._tenant, length)
             return Status.OK, 0, 0, 1, {"stores": 1, "bytes_stored": length}
 
         databases = self._store.databases_to_store(self._tenant, key, length)
-        self._queue(submission, length, store, databases, reads_l1=checksums is not None)
+        self._queue(submission, length, put, databases, reads_l1=checksums is not None)
 
     def delete(self, submission: Submission, keys: list[str], arena: memoryview) -> None:
         """Queue a delete; its per-key results go to ``arena``."""
