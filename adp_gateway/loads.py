@@ -6,7 +6,8 @@ I/O threads in groups rather than one by one: a group is one scheduler task and 
 card's ``get_many``, whose fragments that lie back to back on disk (chunks stored one after
 another) share one vectored read. At 256 KiB a load costs the gateway far more Python than
 I/O, so grouping is what lets small objects go at the disk's pace; large objects still go
-alone, so several I/O threads read them in parallel.
+alone, so several I/O threads read them in parallel, and a small doorbell is split over a few
+groups, so LMCache's batch is not read by one thread while the others idle.
 
 A group is queued with the earliest deadline of its loads; each load still completes on its
 own, and one whose deadline has passed when the group starts completes as expired.
@@ -26,6 +27,11 @@ from adp_wire.ring.layout import Submission
 # loads from 1.08x to 0.91x fs_native's speed, one run each).
 GROUP_BYTES_MAX = 2 * 2**20
 GROUP_LOADS_MAX = 64
+# A small doorbell (under SPREAD_GROUPS x GROUP_BYTES_MAX) is still spread over this many groups,
+# down to SPREAD_BYTES_MIN each, so several I/O threads read it at once: a batch of eight 256 KiB
+# chunks in one group was one vectored read on one thread while LMCache waited for all of it.
+SPREAD_GROUPS = 4
+SPREAD_BYTES_MIN = 512 * 2**10
 
 
 @dataclass(frozen=True)
@@ -38,13 +44,14 @@ class Load:
 
 def groups(loads: list[Load]) -> Iterator[list[Load]]:
     """Consecutive loads, in order, in groups of at most ``GROUP_LOADS_MAX`` loads and
-    ``GROUP_BYTES_MAX`` bytes (a larger load alone)."""
+    ``GROUP_BYTES_MAX`` bytes (a larger load alone), and at least ``SPREAD_GROUPS`` groups where
+    each still holds ``SPREAD_BYTES_MIN``."""
+    spread = -(-sum(load.object_bytes for load in loads) // SPREAD_GROUPS)
+    bytes_max = min(GROUP_BYTES_MAX, max(spread, SPREAD_BYTES_MIN))
     group: list[Load] = []
     group_bytes = 0
     for load in loads:
-        if group and (
-            len(group) == GROUP_LOADS_MAX or group_bytes + load.object_bytes > GROUP_BYTES_MAX
-        ):
+        if group and (len(group) == GROUP_LOADS_MAX or group_bytes + load.object_bytes > bytes_max):
             yield group
             group, group_bytes = [], 0
         group.append(load)

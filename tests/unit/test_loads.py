@@ -1,10 +1,18 @@
 """Goal: a doorbell's loads go to the I/O threads in groups that keep their order, hold at most
 GROUP_LOADS_MAX loads and GROUP_BYTES_MAX bytes, and leave a large load alone (so several I/O
-threads read large objects in parallel)."""
+threads read large objects in parallel); a small doorbell still spreads over SPREAD_GROUPS groups
+of at least SPREAD_BYTES_MIN."""
 
 from __future__ import annotations
 
-from adp_gateway.loads import GROUP_BYTES_MAX, GROUP_LOADS_MAX, Load, groups
+from adp_gateway.loads import (
+    GROUP_BYTES_MAX,
+    GROUP_LOADS_MAX,
+    SPREAD_BYTES_MIN,
+    SPREAD_GROUPS,
+    Load,
+    groups,
+)
 from adp_wire.protocol import Op
 from adp_wire.ring.layout import Submission
 
@@ -34,5 +42,14 @@ def test_large_loads_go_alone_and_a_group_never_passes_its_bytes() -> None:
     big, small = GROUP_BYTES_MAX, GROUP_BYTES_MAX // 8
     assert sizes_of(loads(big, big)) == [[big], [big]]
     assert sizes_of(loads(small, big, small)) == [[small], [big], [small]]
-    assert sizes_of(loads(*[small] * 9)) == [[small] * 8, [small]]
+    assert sizes_of(loads(*[small] * 33)) == [[small] * 8] * 4 + [[small]]
     assert sizes_of([]) == []
+
+
+def test_a_small_doorbell_spreads_over_several_groups_but_none_below_its_least_bytes() -> None:
+    chunk = 256 * 2**10  # a batch of eight chunks: four groups of two
+    assert sizes_of(loads(*[chunk] * 8)) == [[chunk] * 2] * SPREAD_GROUPS
+    assert sizes_of(loads(*[chunk] * 9)) == [[chunk] * 2] * 4 + [[chunk]]  # at most 576 KiB each
+    small = SPREAD_BYTES_MIN // 4  # four of them fill one group's least bytes: one group
+    assert sizes_of(loads(*[small] * 4)) == [[small] * 4]
+    assert sizes_of(loads(*[small] * 5)) == [[small] * 4, [small]]
