@@ -44,8 +44,8 @@ class Load:
 
 def groups(loads: list[Load]) -> Iterator[list[Load]]:
     """Consecutive loads, in order, in groups of at most ``GROUP_LOADS_MAX`` loads and
-    ``GROUP_BYTES_MAX`` bytes (a larger load alone), and at least ``SPREAD_GROUPS`` groups where
-    each still holds ``SPREAD_BYTES_MIN``."""
+    ``GROUP_BYTES_MAX`` bytes (a larger load alone); a small doorbell's groups hold at most a
+    ``SPREAD_GROUPS``-th of its bytes, but never less than ``SPREAD_BYTES_MIN``."""
     spread = -(-sum(load.object_bytes for load in loads) // SPREAD_GROUPS)
     bytes_max = min(GROUP_BYTES_MAX, max(spread, SPREAD_BYTES_MIN))
     group: list[Load] = []

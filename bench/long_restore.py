@@ -192,26 +192,29 @@ def start_gateway(gateway: Gateway) -> None:
 
 def run_fs_native(setup: Setup) -> dict[str, Any]:
     """LMCache's fs_native with O_DIRECT; its files leave the page cache before the restore."""
-    workdir, base = setup.directory / "fs", setup.directory / "fs" / "l2"
-    base.mkdir(parents=True)
-    spec = json.dumps({"type": "fs_native", "base_path": str(base), "use_odirect": True})
-    try:
-        return store_then_restore(setup, workdir, spec, lambda: drop_file_cache(base))
-    finally:
-        keep_logs(setup, workdir, "fs_native")
-        remove_tree(workdir)
+    workdir = setup.directory / "fs"
+    base = workdir / "l2"
+    return _fs_native(setup, "fs_native", workdir, base, lambda: drop_file_cache(base))
 
 
 def run_ram_l2(setup: Setup, ram_dir: Path) -> dict[str, Any]:
     """fs_native with its files on a tmpfs, buffered: the restore at memory speed."""
-    workdir, base = setup.directory / "ram", ram_dir / "adp-bench-ram-l2"
-    workdir.mkdir()
+    base = ram_dir / "adp-bench-ram-l2"
+    return _fs_native(setup, "ram_l2", setup.directory / "ram", base, None)
+
+
+def _fs_native(
+    setup: Setup, name: str, workdir: Path, base: Path, drop_cache: Callable[[], None] | None
+) -> dict[str, Any]:
+    """fs_native with its files in ``base``: O_DIRECT where ``drop_cache`` empties the page cache
+    of them before the restore, buffered (nothing dropped) where it is None."""
+    workdir.mkdir(exist_ok=True)
     base.mkdir(parents=True)
-    spec = json.dumps({"type": "fs_native", "base_path": str(base), "use_odirect": False})
+    spec = {"type": "fs_native", "base_path": str(base), "use_odirect": drop_cache is not None}
     try:
-        return store_then_restore(setup, workdir, spec, lambda: None)
+        return store_then_restore(setup, workdir, json.dumps(spec), drop_cache or (lambda: None))
     finally:
-        keep_logs(setup, workdir, "ram_l2")
+        keep_logs(setup, workdir, name)
         remove_tree(workdir)
         remove_tree(base)
 
