@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import config as config_module
-from adp_gateway import unix_socket
+from adp_gateway import hugepages, unix_socket
 from adp_gateway.card.base import Card, CardContext
 from adp_gateway.card.loader import open_card
 from adp_gateway.card.software.devices.base import Device
@@ -169,6 +169,7 @@ class Gateway:
         self.metrics.add_collector(LiveState(self._live_state))
         self._ready = True
         log.info("gateway listening on %s", self.config.socket_path)
+        log.info("%s", hugepages.describe(hugepages.shmem_setting()))
         if self.tenants.open_mode:
             log.info(
                 "no tenants declared: any process that can open the socket may use any tenant "

@@ -11,6 +11,14 @@
 A slot is owned by one op from submit to completion, so neither queue can hold more than
 ``slots`` entries. Every counter and field a peer writes is validated by the reader.
 
+Both sides ask for the memory in huge pages (``MADV_HUGEPAGE``): the gateway's O_DIRECT reads and
+writes go straight to and from the window, and a request to the disk can only span pages that
+lie side by side in physical memory; a long-running host's 4 KiB pages rarely do, which cuts each
+request to ``max_segments`` pages (512 KiB on a virtio disk) where 2 MiB pages let it reach the
+device's largest. The kernel grants them when
+``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` is ``advise`` (or ``within_size``,
+``always``); otherwise the advice does nothing (docs/operations.md).
+
 Zero-copy stores (``FLAG_L1``) are written to the disk straight from the client's own L1 segment
 instead of the window. The gateway only ever reads L1, and only whole pages of objects that are
 whole pages long; every load lands in the window (docs/design.md, "Zero-copy stores").
@@ -18,6 +26,7 @@ whole pages long; every load lands in the window (docs/design.md, "Zero-copy sto
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -104,10 +113,18 @@ def create_shared(layout: RingLayout) -> tuple[int, mmap.mmap]:
     fd = os.memfd_create("adp-session", os.MFD_CLOEXEC)
     os.ftruncate(fd, layout.total_bytes)
     mapping = mmap.mmap(fd, layout.total_bytes)
+    prefer_huge_pages(mapping)
     _HEADER.pack_into(
         mapping, 0, MAGIC, LAYOUT_VERSION, layout.slots, layout.arena_bytes, 0, layout.window_bytes
     )
     return fd, mapping
+
+
+def prefer_huge_pages(mapping: mmap.mmap) -> None:
+    """Advise the kernel to back ``mapping`` with huge pages (see the module's docstring); a
+    kernel without transparent huge pages refuses the advice, which changes nothing."""
+    with contextlib.suppress(OSError):
+        mapping.madvise(mmap.MADV_HUGEPAGE)
 
 
 def map_shared(fd: int, layout: RingLayout) -> mmap.mmap:
@@ -118,6 +135,7 @@ def map_shared(fd: int, layout: RingLayout) -> mmap.mmap:
             f"session memory is {size} bytes, the welcome promised {layout.total_bytes}"
         )
     mapping = mmap.mmap(fd, size)
+    prefer_huge_pages(mapping)  # whichever side touches a page first decides its size
     magic, version, slots, arena, _, window = _HEADER.unpack_from(mapping, 0)
     if (magic, version, slots, arena, window) != (
         MAGIC,

@@ -3,11 +3,14 @@ impossible counters as a protocol error rather than reading out of bounds."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import re
 import signal
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +102,26 @@ def test_layout_is_page_aligned_and_checked_when_mapped() -> None:
     mapping[0:8] = b"XXXXXXXX"
     with pytest.raises(ProtocolError, match="header"):
         map_shared(fd, LAYOUT)
+
+
+def vm_flags(mapping: mmap.mmap) -> list[str]:
+    """The kernel's flags for ``mapping``, from /proc/self/smaps ("hg": MADV_HUGEPAGE)."""
+    start = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(rf"{start:x}-[0-9a-f]+ ", line):
+            return next(x for x in lines[i:] if x.startswith("VmFlags:")).split()[1:]
+    raise AssertionError(f"no mapping at {start:#x} in /proc/self/smaps")
+
+
+def test_both_sides_ask_for_the_session_memory_in_huge_pages() -> None:
+    """Whether the kernel grants them is the host's setting (adp_gateway/hugepages.py); the
+    advice is ours, on the gateway's mapping and on the plugin's (either may touch a page
+    first, and that side's advice decides its size)."""
+    fd, mapping = create_shared(LAYOUT)
+    peer = map_shared(fd, LAYOUT)
+    assert "hg" in vm_flags(mapping) and "hg" in vm_flags(peer)
+    os.close(fd)
 
 
 def test_a_peer_in_another_process_never_sees_a_half_written_counter() -> None:
