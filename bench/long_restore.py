@@ -13,6 +13,7 @@ In one run, on ``--dir`` (the disk under test):
      server (bench/long_restore_client.py, LMCache's own client), written through to the
      gateway; then the server and the gateway are restarted (empty L1, gateway reads by
      O_DIRECT) and the restore is timed: LOOKUP with L2 prefetch + RETRIEVE into the KV cache;
+     then the server's L1 is cleared and the restore is timed again (L1 pages written before);
   3. LMCache's ``fs_native`` (``use_odirect``) the same way, its files fadvise'd out of the page
      cache before the restore;
   4. with ``--shm-name``, lmcache-adp again with L1 in a shared-memory segment (the plugin's
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from adp_gateway import hugepages
 from bench import floor as disk_floor
 from bench import gateways
 from bench.harness import drop_file_cache
@@ -294,6 +296,7 @@ def environment(setup: Setup) -> dict[str, Any]:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "mode": setup.mode,
         "l1_size_gb": setup.l1_size_gb,
+        "shmem_huge_pages": hugepages.shmem_setting(),  # docs/operations.md, "Huge pages"
         "prompt": {**asdict(setup.prompt), "bytes": setup.prompt.total_bytes},
         "target": {**TARGET, "bytes": TARGET["tokens"] * TARGET["bytes_per_token"]},  # type: ignore[operator]
     }
