@@ -14,8 +14,10 @@ import tqdm.std
 
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.regions import Location
+from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.config import GatewayConfig, resolve_capacity
-from tests.support.storage import REGION, extent, open_store, payload
+from tests.support.storage import FRAGMENT, REGION, extent, open_store, payload
 
 SIZE = 4096 + 8 * REGION  # one database of eight regions
 
@@ -178,3 +180,65 @@ def test_a_load_that_races_its_objects_eviction_is_a_plain_miss(
     assert not store.get("t", "victim", extent(bytes(40_000)), 40_000)
     assert store.statistics().verify_failures == 0
     assert "not what the index says" not in caplog.text
+
+
+class HoldingDevice(MemoryDevice):
+    """Once armed, the next write at ``held_offset`` waits until released: a write that has
+    not landed when the process is killed. ``image()`` is what a restart would find then."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.held_offset = -1
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, buffers: list[memoryview], offset: int) -> None:
+        if offset == self.held_offset:
+            self.held_offset = -1
+            self.writing.set()
+            self.release.wait(30)
+        super().write(buffers, offset)
+
+    def image(self) -> MemoryDevice:
+        copy = MemoryDevice(self.size_bytes)
+        self.read([memoryview(copy._data)], 0)
+        return copy
+
+
+def test_a_tombstone_outlives_its_records_until_their_regions_new_filling_has_landed() -> None:
+    """The region of a deleted object's records is reclaimed, but the first write of its next
+    filling has not landed when the region of the object's tombstone is reclaimed too: the
+    tombstone must be carried, since a kill then leaves the old records on disk."""
+    device = HoldingDevice(SIZE)
+    store = open_store([device], sync=False)
+    one_region = 3 * FRAGMENT  # three records fill a region: no fourth fits
+    store.put("t", "gone", extent(payload(1, one_region)), one_region)
+    for i in range(21):  # one region after another, all of them taken
+        store.put("t", f"f{i}", extent(payload(i, FRAGMENT)), FRAGMENT)
+        if i == 0:
+            assert store.delete("t", ["gone"]) == [True]  # the tombstone, beside f0
+    gone_region = 4096  # the first region's start (after the superblock): it holds gone alone
+    assert region_of(store, "f0") == 1 and region_of(store, "f20") == 7
+    device.held_offset = gone_region
+    trigger = threading.Thread(
+        target=store.put, args=("t", "new", extent(payload(2, one_region)), one_region)
+    )
+    trigger.start()  # reclaims gone's region (nothing in it is used); its first write is held
+    assert device.writing.wait(10)
+    store.put("t", "next", extent(payload(3, FRAGMENT)), FRAGMENT)  # reclaims the tombstone's
+    assert region_of(store, "next") == 1
+    killed_now = device.image()
+    device.release.set()
+    trigger.join(10)
+    assert open_store([killed_now]).exists("t", ["gone", "f20", "next"]) == [False, True, True]
+
+
+def test_the_newest_tombstone_takes_over_what_an_older_one_recorded_after_it_shadows() -> None:
+    """Two drops of one key race: the older tombstone is recorded last. The records it shadows
+    must still keep the newer one carried."""
+    tombstones = Tombstones()
+    at = {region: Location(0, region, 1, 4096 + region * REGION, 4096) for region in range(3)}
+    tombstones.add(("t", "k"), 9, at[0], [])
+    tombstones.add(("t", "k"), 5, at[1], [at[2]])  # recorded after the newer one
+    carried = tombstones.carry(0, 0, lambda location: True)
+    assert [(h.seq, h.key) for h in carried] == [(9, "k")]

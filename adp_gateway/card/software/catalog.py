@@ -68,7 +68,7 @@ class Catalog:
         for manifest in dropped:
             self._log.release(manifest.locations)
         with self._tombstones_lock:
-            carried = self._tombstones.carry(database, region, self._log.is_current)
+            carried = self._tombstones.carry(database, region, self._log.on_disk)
         log.debug(
             "reclaimed database %d region %d: %d objects evicted, %d tombstones carried",
             database,

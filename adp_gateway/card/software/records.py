@@ -115,7 +115,9 @@ class RecordWriter:
         region = run.region
         with self._state.lock:
             region.started = landed
-            if not landed:
+            if landed:
+                region.disk_epoch = region.epoch
+            else:
                 region.sealed = True
                 if db.open.get(region.pool) is region:
                     del db.open[region.pool]

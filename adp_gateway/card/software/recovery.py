@@ -98,7 +98,7 @@ class RegionScan:
         first = first_header(reader, db.salt)
         if first is None:
             return []
-        region.epoch = region.last_access = first.epoch
+        region.epoch = region.disk_epoch = region.last_access = first.epoch
         region.pool = self._pools.of(first.tenant)  # a quota since removed: the shared pool
         region.sealed = True
         rows = read_footer(reader, db.salt, first.epoch)

@@ -118,6 +118,10 @@ class RegionLog:
         """Whether the region still holds the filling ``location`` was written in."""
         return self._state.is_current(location)
 
+    def on_disk(self, location: Location) -> bool:
+        """Whether a recovery would still find the record at ``location`` (regions.py)."""
+        return self._state.on_disk(location)
+
     def retain(self, locations: tuple[Location, ...]) -> None:
         """The store uses these records: their regions are not empty."""
         count_live(self._state, locations, 1)

@@ -57,6 +57,9 @@ class Region:
     footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
     last_access: int = 0
     live: int = 0  # records the store uses
+    # The filling the region's first page names on disk, which is the one a recovery would
+    # read: an older filling stays findable until its successor's first write has landed.
+    disk_epoch: int = 0
     records: list[tuple[int, RecordHeader]] = field(default_factory=list)  # written, for the footer
     # The filling's first pages (its start record and carried tombstones), written in front of
     # the first run reserved in it; None once a run took them.
@@ -178,3 +181,9 @@ class LogState:
     def is_current(self, location: Location) -> bool:
         """Whether the region still holds the filling ``location`` was written in."""
         return self.region_of(location).epoch == location.epoch
+
+    def on_disk(self, location: Location) -> bool:
+        """Whether a recovery would still find the record at ``location``: its filling is
+        the one the region's first page names on disk. A region just reclaimed keeps its old
+        filling there until its new first write lands (or forever, if that write fails)."""
+        return self.region_of(location).disk_epoch == location.epoch

@@ -5,8 +5,11 @@ dead". The dead version's records stay on disk until their own regions are recla
 eviction reclaims regions in any order. If the tombstone's region went first, a restart would
 find the old version complete and bring it back. So when a region holding a tombstone is
 reclaimed while some record it shadows is still on disk, the tombstone is carried: rewritten at
-the start of the region's next filling ((card/software/regionlog.py)). Only the newest tombstone
-of a key is kept; it shadows everything older.
+the start of the region's next filling ((card/software/regionlog.py)). "Still on disk" means a
+recovery would find it: a shadowed record's region may have been reclaimed already, but until
+that region's new first write lands, its old filling is what a restart reads (regions.py,
+``on_disk``). Only the newest tombstone of a key is kept; it shadows everything older, so it
+takes over what every older one shadowed, whichever order they were recorded in.
 """
 
 from __future__ import annotations
@@ -43,25 +46,27 @@ class Tombstones:
         self, object_id: ObjectId, seq: int, at: Location, shadowed: Iterable[Location]
     ) -> None:
         old = self._by_object.get(object_id)
+        if old is not None and old.seq > seq:  # recorded after a newer one: that one shadows it
+            old.shadowed = (*old.shadowed, *shadowed)
+            return
         if old is not None:
-            if old.seq > seq:
-                return
             shadowed = (*old.shadowed, *shadowed)
             self._by_region[(old.database, old.region)].discard(object_id)
         self._by_object[object_id] = _Tombstone(seq, at.database, at.region, tuple(shadowed))
         self._by_region[(at.database, at.region)].add(object_id)
 
     def carry(
-        self, database: int, region: int, is_current: Callable[[Location], bool]
+        self, database: int, region: int, on_disk: Callable[[Location], bool]
     ) -> list[RecordHeader]:
-        """The tombstones of a region being reclaimed that still shadow records elsewhere."""
+        """The tombstones of a region being reclaimed that still shadow records elsewhere
+        (``on_disk``: whether a recovery would find a record)."""
         carried = []
         for object_id in self._by_region.pop((database, region), set()):
             tombstone = self._by_object[object_id]
             tombstone.shadowed = tuple(
                 loc
                 for loc in tombstone.shadowed
-                if is_current(loc) and (loc.database, loc.region) != (database, region)
+                if on_disk(loc) and (loc.database, loc.region) != (database, region)
             )
             if not tombstone.shadowed:
                 del self._by_object[object_id]
