@@ -18,6 +18,10 @@ the way vLLM does):
   through to L2, LOOKUPs the resident prompt up to ``--lookups-per-store`` times. Only lookups
   issued while the server reports pending L2 writes are made (and counted as busy).
 
+Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server's L1 in a
+shared-memory segment (``--shm-name``), where the plugin stores zero-copy: the gateway writes
+from L1, and no prompt is copied into the session's window.
+
 Then, ours alone, through the plugin in this process (an ``ADPConnector`` on its own session):
 1,000-key EXISTS latency idle, and with ``--backlog-mib`` of stores kept pending on the same
 session (each completed store is replaced at once); both back to back (the next lookup as soon as
@@ -179,7 +183,7 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
     gateway = None
     sockdir = short_tmpdir()
     try:
-        if name == "lmcache_adp":
+        if name in ("lmcache_adp", "lmcache_adp_shm"):
             capacity = f"{max(1024, args.prompt_mib * (args.prompts + 4))}MiB"
             gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
             error = gateways.start(gateway, module=True)
@@ -194,7 +198,9 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
                 {"type": "fs_native", "base_path": str(workdir / "l2"), "use_odirect": True}
             )
         l1_gb = -(-args.prompt_mib * (args.prompts + 2) // 1024) + 1
-        server = LMCacheServer(workdir, spec, "", Path(args.lmcache_bin), l1_gb).start()
+        # lmcache_adp_shm: L1 in a shared-memory segment, so the plugin's stores go zero-copy.
+        shm = f"adp-lul-{os.getpid()}" if name == "lmcache_adp_shm" else None
+        server = LMCacheServer(workdir, spec, "", Path(args.lmcache_bin), l1_gb, shm).start()
         try:
             out = workdir / "client.json"
             argv = [sys.executable, "-m", "bench.lookup_under_load", "client"]
