@@ -241,6 +241,7 @@ def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
         config.region_size,
         lambda *region: holder[0].on_reclaim(*region),
         Pools(region_quotas(config)),
+        durable_fillings=config.sync != "none",
     )
     card = SoftwareCard(
         region_log,

@@ -85,22 +85,22 @@ class RecordWriter:
                     continue  # its region's first write failed: nothing of it may be written
                 packed = pack_run(db, run, slices[i]) if failure is None else []
                 buffers = [*run.prologue, *packed]
-                written = False
+                ticket = 0  # the write's, in the group sync; 0: it did not land
                 if buffers:
                     try:
                         db.device.write(buffers, run.start)
-                        db.group_sync.wrote()
-                        written = True
+                        ticket = db.group_sync.wrote()
                     except OSError as exc:
                         failure = failure or exc
+                written = ticket > 0
                 if run.prologue:
-                    self._mark_started(db, run, written)
+                    self._mark_started(db, run, ticket)
                     run.prologue = []
                 landed[i] = written and bool(packed)
         finally:
             for run in runs:  # an unexpected error: no waiter may hang on a prologue left
                 if run.prologue:
-                    self._mark_started(db, run, False)
+                    self._mark_started(db, run, 0)
         return landed, failure
 
     def _wait_started(self, region: Region) -> bool:
@@ -109,14 +109,15 @@ class RecordWriter:
             self._state.started.wait_for(lambda: region.started is not None)
             return bool(region.started)
 
-    def _mark_started(self, db: Database, run: Run, landed: bool) -> None:
-        """The region's first write is over. If it failed, the filling takes no more appends
-        and nothing reserved in it settles as written (a recovery may not know its epoch)."""
+    def _mark_started(self, db: Database, run: Run, ticket: int) -> None:
+        """The region's first write is over (``ticket``: its write in the group sync, 0 if it
+        failed). If it failed, the filling takes no more appends and nothing reserved in it
+        settles as written (a recovery may not know its epoch)."""
         region = run.region
         with self._state.lock:
-            region.started = landed
-            if landed:
-                region.disk_epoch = region.epoch
+            region.started = ticket > 0
+            if ticket:
+                self._state.first_write_landed(region, ticket)
             else:
                 region.sealed = True
                 if db.open.get(region.pool) is region:

@@ -48,7 +48,11 @@ class RegionLog:
         region_bytes: int,
         on_reclaim: OnReclaim,
         pools: Pools | None = None,
+        durable_fillings: bool = True,
     ) -> None:
+        """``durable_fillings``: a reclaimed region's old records count as on disk (for the
+        tombstones that bury them) until a sync covers its new filling's first write, not only
+        until that write lands; off where nothing is synced (``sync: none``)."""
         assert region_bytes % PAGE_BYTES == 0
         databases = [Database(i, d, region_bytes) for i, d in enumerate(devices)]
         for db in databases:
@@ -59,7 +63,7 @@ class RegionLog:
                     "`region_size`"
                 )
         self.region_bytes = region_bytes
-        self._state = LogState(databases, on_reclaim)
+        self._state = LogState(databases, on_reclaim, durable_fillings=durable_fillings)
         self._allocator = Allocator(self._state, pools or Pools())
         self._sealer = Sealer(self._state)
         self._writer = RecordWriter(self._state, self._allocator, self._sealer)
@@ -119,8 +123,9 @@ class RegionLog:
         return self._state.is_current(location)
 
     def on_disk(self, location: Location) -> bool:
-        """Whether a recovery would still find the record at ``location`` (regions.py)."""
-        return self._state.on_disk(location)
+        """Whether a recovery might still find the record at ``location`` (regions.py)."""
+        with self._state.lock:
+            return self._state.on_disk(location)
 
     def retain(self, locations: tuple[Location, ...]) -> None:
         """The store uses these records: their regions are not empty."""

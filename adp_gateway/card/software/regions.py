@@ -57,9 +57,11 @@ class Region:
     footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
     last_access: int = 0
     live: int = 0  # records the store uses
-    # The filling the region's first page names on disk, which is the one a recovery would
-    # read: an older filling stays findable until its successor's first write has landed.
+    # The filling the region's first page names on disk for sure, and the fillings whose first
+    # write landed since, each with its write's ticket (devices/groupsync.py) until a sync
+    # covers it: after a kill a restart reads the newest of them, after a power cut any one.
     disk_epoch: int = 0
+    landed: list[tuple[int, int]] = field(default_factory=list)
     records: list[tuple[int, RecordHeader]] = field(default_factory=list)  # written, for the footer
     # The filling's first pages (its start record and carried tombstones), written in front of
     # the first run reserved in it; None once a run took them.
@@ -171,6 +173,9 @@ class LogState:
     next_epoch: int = 1
     clock: itertools.count[int] = field(default_factory=lambda: itertools.count(1))  # accesses
     reclaims: int = 0
+    # Whether a region's new filling counts as replacing the old on disk only once synced (a
+    # power cut may keep either until then); off under ``sync: none``, which never syncs.
+    durable_fillings: bool = True
 
     def __post_init__(self) -> None:
         self.started = threading.Condition(self.lock)
@@ -183,7 +188,25 @@ class LogState:
         return self.region_of(location).epoch == location.epoch
 
     def on_disk(self, location: Location) -> bool:
-        """Whether a recovery would still find the record at ``location``: its filling is
-        the one the region's first page names on disk. A region just reclaimed keeps its old
-        filling there until its new first write lands (or forever, if that write fails)."""
-        return self.region_of(location).disk_epoch == location.epoch
+        """Under the lock: whether a recovery might still find the record at ``location``,
+        after a kill or, unless ``durable_fillings`` is off, a power cut. A region just
+        reclaimed keeps its old filling on disk until its new first write lands (forever, if
+        that write fails), and durably until a sync covers that write."""
+        region = self.region_of(location)
+        if region.landed:
+            group_sync = self.databases[location.database].group_sync
+            synced = [epoch for epoch, ticket in region.landed if group_sync.covers(ticket)]
+            if synced:
+                region.disk_epoch = synced[-1]
+                region.landed = region.landed[len(synced) :]
+        return location.epoch == region.disk_epoch or any(
+            location.epoch == epoch for epoch, _ in region.landed
+        )
+
+    def first_write_landed(self, region: Region, ticket: int) -> None:
+        """Under the lock: the first write of ``region``'s filling landed (``ticket``: its
+        write in the database's group sync)."""
+        if self.durable_fillings:
+            region.landed.append((region.epoch, ticket))
+        else:
+            region.disk_epoch = region.epoch

@@ -1,15 +1,15 @@
 """Tombstones that must outlive their region, so a deleted or overwritten version never returns.
 
-A delete (or an overwrite) appends a tombstone: "every version of this key older than seq is
-dead". The dead version's records stay on disk until their own regions are reclaimed, and
-eviction reclaims regions in any order. If the tombstone's region went first, a restart would
-find the old version complete and bring it back. So when a region holding a tombstone is
-reclaimed while some record it shadows is still on disk, the tombstone is carried: rewritten at
-the start of the region's next filling ((card/software/regionlog.py)). "Still on disk" means a
-recovery would find it: a shadowed record's region may have been reclaimed already, but until
-that region's new first write lands, its old filling is what a restart reads (regions.py,
-``on_disk``). Only the newest tombstone of a key is kept; it shadows everything older, so it
-takes over what every older one shadowed, whichever order they were recorded in.
+A delete (or an overwrite) appends a tombstone: "every version of this key older than seq is dead".
+The dead version's records stay on disk until their own regions are reclaimed, and eviction reclaims
+regions in any order. If the tombstone's region went first, a restart would find the old version
+complete and bring it back. So when a region holding a tombstone is reclaimed while some record it
+shadows is still on disk, the tombstone is carried: rewritten at the start of the region's next
+filling (card/software/regionlog.py). "Still on disk" means a recovery might find it: a shadowed
+record's region may have been reclaimed already, but until that region's new first write lands, its
+old filling is what a restart reads, and until a sync covers that write, what a power cut may leave
+(regions.py, ``on_disk``). Only the newest tombstone of a key is kept; it shadows everything older,
+so it takes over what every older one shadowed, whichever order they were recorded in.
 """
 
 from __future__ import annotations

@@ -27,10 +27,16 @@ class GroupSync:
         self._syncing = False
         self.syncs = 0
 
-    def wrote(self) -> None:
-        """Count one completed write (call after the write returned)."""
+    def wrote(self) -> int:
+        """Count one completed write (call after the write returned); returns its ticket."""
         with self._cond:
             self._completed_writes += 1
+            return self._completed_writes
+
+    def covers(self, ticket: int) -> bool:
+        """Whether the write of ``ticket`` is durable (a sync that started after it ended)."""
+        with self._cond:
+            return self._synced_writes >= ticket
 
     def sync(self) -> None:
         """Return once every write completed before this call is durable."""
