@@ -117,7 +117,7 @@ class RecordWriter:
         with self._state.lock:
             region.started = ticket > 0
             if ticket:
-                self._state.first_write_landed(region, ticket)
+                self._state.first_write_landed(db, region, ticket)
             else:
                 region.sealed = True
                 if db.open.get(region.pool) is region:

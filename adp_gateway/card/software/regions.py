@@ -193,20 +193,25 @@ class LogState:
         reclaimed keeps its old filling on disk until its new first write lands (forever, if
         that write fails), and durably until a sync covers that write."""
         region = self.region_of(location)
-        if region.landed:
-            group_sync = self.databases[location.database].group_sync
-            synced = [epoch for epoch, ticket in region.landed if group_sync.covers(ticket)]
-            if synced:
-                region.disk_epoch = synced[-1]
-                region.landed = region.landed[len(synced) :]
+        _forget_synced(self.databases[location.database], region)
         return location.epoch == region.disk_epoch or any(
             location.epoch == epoch for epoch, _ in region.landed
         )
 
-    def first_write_landed(self, region: Region, ticket: int) -> None:
+    def first_write_landed(self, db: Database, region: Region, ticket: int) -> None:
         """Under the lock: the first write of ``region``'s filling landed (``ticket``: its
         write in the database's group sync)."""
         if self.durable_fillings:
+            _forget_synced(db, region)
             region.landed.append((region.epoch, ticket))
         else:
             region.disk_epoch = region.epoch
+
+
+def _forget_synced(db: Database, region: Region) -> None:
+    """Under the lock: the newest of ``region``'s landed fillings that a sync covers is now
+    the one on disk for sure; older ones are gone."""
+    synced = [epoch for epoch, ticket in region.landed if db.group_sync.covers(ticket)]
+    if synced:
+        region.disk_epoch = synced[-1]
+        region.landed = region.landed[len(synced) :]
