@@ -17,6 +17,7 @@ from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regions import Location
 from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.config import GatewayConfig, resolve_capacity
+from adp_wire.ring.layout import PAGE_BYTES
 from tests.support.storage import FRAGMENT, REGION, extent, open_store, payload
 
 SIZE = 4096 + 8 * REGION  # one database of eight regions
@@ -182,9 +183,31 @@ def test_a_load_that_races_its_objects_eviction_is_a_plain_miss(
     assert "not what the index says" not in caplog.text
 
 
+ONE_REGION = 3 * FRAGMENT  # three records fill a region: no fourth fits
+GONE_REGION = PAGE_BYTES  # the first region's start, after the superblock
+
+
+def image_of(device: MemoryDevice) -> MemoryDevice:
+    """A copy of ``device``'s bytes, as a restart would find them now."""
+    copy = MemoryDevice(device.size_bytes)
+    device.read([memoryview(copy._data)], 0)
+    return copy
+
+
+def bury_in_a_full_log(store: SoftwareCard) -> None:
+    """Store ``gone`` alone in the first region, delete it (its tombstone goes beside ``f0`` in
+    the second), and fill the rest: the next region taken is gone's, reclaimed."""
+    store.put("t", "gone", extent(payload(1, ONE_REGION)), ONE_REGION)
+    for i in range(21):  # one region after another, all of them taken
+        store.put("t", f"f{i}", extent(payload(i, FRAGMENT)), FRAGMENT)
+        if i == 0:
+            assert store.delete("t", ["gone"]) == [True]
+    assert region_of(store, "f0") == 1 and region_of(store, "f20") == 7
+
+
 class HoldingDevice(MemoryDevice):
     """Once armed, the next write at ``held_offset`` waits until released: a write that has
-    not landed when the process is killed. ``image()`` is what a restart would find then."""
+    not landed when the process is killed."""
 
     def __init__(self, size: int) -> None:
         super().__init__(size)
@@ -199,11 +222,6 @@ class HoldingDevice(MemoryDevice):
             self.release.wait(30)
         super().write(buffers, offset)
 
-    def image(self) -> MemoryDevice:
-        copy = MemoryDevice(self.size_bytes)
-        self.read([memoryview(copy._data)], 0)
-        return copy
-
 
 def test_a_tombstone_outlives_its_records_until_their_regions_new_filling_has_landed() -> None:
     """The region of a deleted object's records is reclaimed, but the first write of its next
@@ -211,23 +229,16 @@ def test_a_tombstone_outlives_its_records_until_their_regions_new_filling_has_la
     tombstone must be carried, since a kill then leaves the old records on disk."""
     device = HoldingDevice(SIZE)
     store = open_store([device], sync=False)
-    one_region = 3 * FRAGMENT  # three records fill a region: no fourth fits
-    store.put("t", "gone", extent(payload(1, one_region)), one_region)
-    for i in range(21):  # one region after another, all of them taken
-        store.put("t", f"f{i}", extent(payload(i, FRAGMENT)), FRAGMENT)
-        if i == 0:
-            assert store.delete("t", ["gone"]) == [True]  # the tombstone, beside f0
-    gone_region = 4096  # the first region's start (after the superblock): it holds gone alone
-    assert region_of(store, "f0") == 1 and region_of(store, "f20") == 7
-    device.held_offset = gone_region
+    bury_in_a_full_log(store)
+    device.held_offset = GONE_REGION
     trigger = threading.Thread(
-        target=store.put, args=("t", "new", extent(payload(2, one_region)), one_region)
+        target=store.put, args=("t", "new", extent(payload(2, ONE_REGION)), ONE_REGION)
     )
     trigger.start()  # reclaims gone's region (nothing in it is used); its first write is held
     assert device.writing.wait(10)
     store.put("t", "next", extent(payload(3, FRAGMENT)), FRAGMENT)  # reclaims the tombstone's
     assert region_of(store, "next") == 1
-    killed_now = device.image()
+    killed_now = image_of(device)
     device.release.set()
     trigger.join(10)
     assert open_store([killed_now]).exists("t", ["gone", "f20", "next"]) == [False, True, True]
@@ -253,8 +264,7 @@ class PowerCutDevice(MemoryDevice):
         super().sync()
 
     def image(self, lost: set[int]) -> MemoryDevice:
-        copy = MemoryDevice(self.size_bytes)
-        self.read([memoryview(copy._data)], 0)
+        copy = image_of(self)
         for offset, before in reversed(self.unsynced):
             if offset in lost:
                 copy.write([memoryview(before)], offset)
@@ -267,17 +277,12 @@ def test_a_tombstone_outlives_its_records_until_their_regions_new_filling_is_syn
     so the tombstone must still be carried (under ``sync: periodic`` or ``always``)."""
     device = PowerCutDevice(SIZE)
     store = open_store([device], sync=False)  # synced only when told, as between two ticks
-    one_region = 3 * FRAGMENT
-    store.put("t", "gone", extent(payload(1, one_region)), one_region)
-    for i in range(21):
-        store.put("t", f"f{i}", extent(payload(i, FRAGMENT)), FRAGMENT)
-        if i == 0:
-            assert store.delete("t", ["gone"]) == [True]
+    bury_in_a_full_log(store)
     store.sync_all()
-    store.put("t", "new", extent(payload(2, one_region)), one_region)  # reclaims gone's region
+    store.put("t", "new", extent(payload(2, ONE_REGION)), ONE_REGION)  # reclaims gone's region
     store.put("t", "next", extent(payload(3, FRAGMENT)), FRAGMENT)  # and the tombstone's
     assert region_of(store, "new") == 0 and region_of(store, "next") == 1
-    after_cut = device.image(lost={4096})  # the new filling's first write in gone's region
+    after_cut = device.image(lost={GONE_REGION})  # the new filling's first write there
     assert open_store([after_cut]).exists("t", ["gone", "f20", "next"]) == [False, True, True]
 
 

@@ -99,7 +99,6 @@ class RegionScan:
         if first is None:
             return []
         region.epoch = region.disk_epoch = region.last_access = first.epoch
-        region.landed = []
         region.pool = self._pools.of(first.tenant)  # a quota since removed: the shared pool
         region.sealed = True
         rows = read_footer(reader, db.salt, first.epoch)
