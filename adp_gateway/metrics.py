@@ -7,9 +7,11 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
   ``load``, ``store`` or ``delete``; ``outcome`` is ``hit`` or ``miss`` (lookups, loads,
   deletes), ``ok`` (stores), ``failed``, ``refused`` (admission control) or ``expired`` (its
   deadline passed before it could start). They count what LMCache counts: a lookup's keys,
-  a load's chunks, a store's chunks.
+  a load's chunks, a store's chunks. Most lookups the plugin answers itself from the
+  tenant's presence table (adp_wire/presence.py) and counts in its session's shared memory;
+  the gateway adds those counts here every 100 ms and before each scrape.
 - ``adp_gateway_ops_total{op,outcome,tenant}``: the same for ring requests (a lookup of many
-  keys is one or a few requests).
+  keys is one or a few requests; one the plugin answered itself is none).
 - ``adp_gateway_read_bytes_total{tenant}``, ``adp_gateway_written_bytes_total{tenant}``: object
   bytes loaded (hits) and stored (acknowledged).
 - ``adp_gateway_op_duration_seconds{op}``: from a request's arrival to its completion.
@@ -115,6 +117,14 @@ class Metrics:
         self._labelled(self.op_duration, name).observe(seconds)
         with self._lock:
             self.totals[f"{name}_keys"] += keys
+
+    def looked_up(self, tenant: str, keys: int, hits: int) -> None:
+        """Keys the plugin looked up in the presence table, ``hits`` of them found."""
+        self._labelled(self.keys, OP_NAMES[Op.EXISTS], "hit", tenant).inc(hits)
+        if keys > hits:
+            self._labelled(self.keys, OP_NAMES[Op.EXISTS], "miss", tenant).inc(keys - hits)
+        with self._lock:
+            self.totals["lookup_keys"] += keys
 
     def moved(self, direction: str, tenant: str, nbytes: int) -> None:
         """Object bytes ``read`` (a load hit) or ``written`` (a store)."""
@@ -225,7 +235,9 @@ class MetricsServer:
         metrics: Metrics,
         ready: Callable[[], bool],
         alive: Callable[[], bool] = lambda: True,
+        before_scrape: Callable[[], None] = lambda: None,
     ) -> None:
+        """``before_scrape`` brings the counters up to date (the plugins' own counts)."""
         host, port = parse_address(address)
         metrics_app = make_wsgi_app(metrics.registry)
 
@@ -239,6 +251,7 @@ class MetricsServer:
                 serving = ready()
                 start_response("200 OK" if serving else "503 Service Unavailable", [])
                 return [b"ready\n" if serving else b"recovering or stopping\n"]
+            before_scrape()
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
 
         try:

@@ -29,6 +29,8 @@ from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
+from adp_gateway.presence import Presence
+from adp_gateway.presence import slots_for as presence_slots_for
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
 from adp_gateway.tenants import Peer, Tenants
@@ -65,20 +67,24 @@ class Gateway:
         self._rates = Rates(self.metrics)
         self._heartbeat: float | None = None  # the housekeeping thread's last tick (monotonic)
         self._ready = False  # recovered and listening: /readyz
+        self._sessions: dict[int, Session] = {}
+        self._starting = 0  # sessions being made, counted against max_sessions; under _lock
+        self._session_ids = itertools.count(1)
+        self._lock = threading.Lock()
         self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:  # /healthz answers during the recovery too
             self._metrics_server = MetricsServer(
-                config.metrics_address, self.metrics, lambda: self._ready, self._alive
+                config.metrics_address,
+                self.metrics,
+                lambda: self._ready,
+                self._alive,
+                self._fold_lookups,
             )
             self._metrics_server.start()
         self.config = config_module.resolve_capacity(config)
         self._wrap_device = wrap_device or (lambda device: device)
         self.devices: list[DeviceHealth] = []
         self._listener: socket.socket | None = None
-        self._sessions: dict[int, Session] = {}
-        self._starting = 0  # sessions being made, counted against max_sessions; under _lock
-        self._session_ids = itertools.count(1)
-        self._lock = threading.Lock()
         self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
         self._refusals = _RareLog(log)
         self._threads: list[threading.Thread] = []
@@ -89,6 +95,7 @@ class Gateway:
             _per_database_max(self.config),
             self.config.store_inflight_max,
         )
+        self.presence = Presence(presence_slots_for(self.config.capacity or 0))
         self.store = self._open_store()
         self._periodic_sync: PeriodicSync | None = None
         if self.config.sync == "periodic":
@@ -104,7 +111,8 @@ class Gateway:
             self.devices.append(health)
             return health
 
-        store = open_card(self.config, CardContext(self.scheduler.writes_landed, wrap_device))
+        context = CardContext(self.scheduler.writes_landed, wrap_device, self.presence)
+        store = open_card(self.config, context)
         paths = self.config.database_paths
         started = time.monotonic()
         count = store.recover()
@@ -128,6 +136,7 @@ class Gateway:
 
     def status(self) -> dict[str, Any]:
         """What ``adp-gateway status`` shows and the metrics' gauges read: one snapshot."""
+        self._fold_lookups()
         store = self.store.statistics()
         queued = self.scheduler.statistics()
         with self._lock:
@@ -196,6 +205,7 @@ class Gateway:
         if self._periodic_sync is not None:
             self._periodic_sync.stop()
         self.store.close()
+        self.presence.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         log.info("gateway stopped")
@@ -226,6 +236,7 @@ class Gateway:
             self._heartbeat = time.monotonic()
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
+            self._fold_lookups()
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
                 self._rates.sample()
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
@@ -331,6 +342,7 @@ class Gateway:
                 self._forget,
                 self.metrics,
                 l1,
+                self.presence,
             )
             self.metrics.sessions_opened.inc()
         finally:
@@ -339,6 +351,13 @@ class Gateway:
                 if session is not None:
                     self._sessions[session.session_id] = session
         return session
+
+    def _fold_lookups(self) -> None:
+        """Add the lookups each plugin answered from its presence table to the metrics."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.fold_lookups()
 
     def _forget(self, session: Session) -> None:
         with self._lock:

@@ -27,12 +27,15 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 
+import numpy as np
+
 from adp_gateway.card.base import Card
 from adp_gateway.errors import ProtocolError
 from adp_gateway.extents import checksums_offset, l1_pages, window_range
 from adp_gateway.l1 import L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
+from adp_gateway.presence import Presence
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.work import L1Readers, SessionWork, results
 from adp_wire.protocol import (
@@ -45,6 +48,7 @@ from adp_wire.protocol import (
 )
 from adp_wire.ring.layout import (
     FLAG_L1,
+    LOOKUPS,
     Completion,
     RingLayout,
     Submission,
@@ -70,7 +74,10 @@ class Session:
         on_close: Callable[[Session], None],
         metrics: Metrics,
         l1: L1Segment | None = None,
+        presence: Presence | None = None,
     ) -> None:
+        """``presence``: the tables of which a read-only fd of the tenant's goes to the client
+        with the welcome, so that it answers lookups itself."""
         self.session_id = session_id
         self.tenant = tenant
         self.name = f"session {session_id} ({peer}, tenant {tenant!r})"
@@ -80,8 +87,11 @@ class Session:
         self._scheduler = scheduler
         self._on_close = on_close
         self._memfd, mapping = create_shared(layout)
+        self._presence_fd, self._presence_slots = presence.share(tenant) if presence else (-1, 0)
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
+        self._lookups = np.frombuffer(self._memory, np.uint64, 2, LOOKUPS)  # the client's counts
+        self._lookups_folded = (0, 0)
         self._l1 = l1
         self._l1_readers = L1Readers()
         self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -114,8 +124,10 @@ class Session:
             object_bytes_max,
             self._store.fragment_bytes,
             int(self._l1 is not None),
+            self._presence_slots,
         )
-        return welcome, [self._memfd, self._submitted, self._completed]
+        fds = [self._memfd, self._submitted, self._completed]
+        return welcome, [*fds, self._presence_fd] if self._presence_slots else fds
 
     def run(self) -> None:
         self._close_memfd()  # the client holds its own copy now; the mapping keeps ours alive
@@ -136,6 +148,19 @@ class Session:
         finally:
             self.close()
 
+    def fold_lookups(self) -> None:
+        """Count the lookups the client answered from the presence table since the last call
+        (it counts them in the shared memory). Counts that make no sense are not counted."""
+        keys, found = (int(count) for count in self._lookups)
+        with self._lock:
+            last_keys, last_found = self._lookups_folded
+            self._lookups_folded = keys, found
+            new_keys, new_found = keys - last_keys, found - last_found
+            if not new_keys or not 0 <= new_found <= new_keys:
+                return
+            self._counts.update(keys_looked_up=new_keys, keys_found=new_found)
+        self._metrics.looked_up(self.tenant, new_keys, new_found)
+
     def close(self, started: bool = True) -> None:
         """Free everything the session holds; ``started=False`` for one whose handshake
         failed after it was made (nothing to report: no summary line)."""
@@ -143,6 +168,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+        self.fold_lookups()
         self._close_memfd()
         self._scheduler.drop_session(self.session_id)
         self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
@@ -159,10 +185,13 @@ class Session:
         self._on_close(self)
 
     def _close_memfd(self) -> None:
+        """Close the fds only the handshake needed (the ring's memfd, the presence table's)."""
         with self._lock:
-            memfd, self._memfd = self._memfd, -1
-        if memfd >= 0:
-            os.close(memfd)
+            fds = self._memfd, self._presence_fd
+            self._memfd = self._presence_fd = -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
     def stop(self) -> None:
         """Ask ``run`` to end (any thread); it closes the session on its way out."""

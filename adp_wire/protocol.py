@@ -1,11 +1,13 @@
 """The plugin <-> gateway wire protocol: handshake frames, op codes, statuses and request payloads.
 
 The handshake runs over the gateway's Unix socket as length-prefixed msgpack maps. The gateway
-answers a ``Hello`` with a ``Welcome`` and three fds by SCM_RIGHTS: the memfd holding the rings,
-arenas and transfer window (adp_wire/ring/layout.py), the client's submit doorbell and its
-completion doorbell (eventfds). A client whose L1 lies in a shared-memory segment sends that
-segment's fd with its hello (``l1_bytes`` says its size); ``Welcome.l1_attached`` says whether the
-gateway took it for zero-copy ops. After that the socket carries nothing; it stays open so each
+answers a ``Hello`` with a ``Welcome`` and three or four fds by SCM_RIGHTS: the memfd holding the
+rings, arenas and transfer window (adp_wire/ring/layout.py), the client's submit doorbell and its
+completion doorbell (eventfds), and, when ``Welcome.presence_slots`` is not 0, a read-only fd of
+the tenant's presence table (adp_wire/presence.py), from which the client answers EXISTS itself.
+A client whose L1 lies in a shared-memory segment sends that segment's fd with its hello
+(``l1_bytes`` says its size); ``Welcome.l1_attached`` says whether the gateway took it for
+zero-copy ops. After that the socket carries nothing; it stays open so each
 side sees the other die (EOF).
 
 Everything here parses untrusted bytes: any malformed input raises ``ProtocolError``.
@@ -26,7 +28,7 @@ import msgpack
 from adp_wire.errors import HandshakeRefused, ProtocolError
 from adp_wire.ring.layout import align_up
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
@@ -86,6 +88,7 @@ class Welcome:
     object_bytes_max: int
     fragment_bytes: int = 0  # zero-copy stores carry one checksum per fragment of this size
     l1_attached: int = 0  # 1 when the gateway mapped the client's L1 segment
+    presence_slots: int = 0  # the cells of the tenant's presence table, whose fd comes 4th; 0: none
 
 
 def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:

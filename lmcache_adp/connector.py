@@ -10,7 +10,8 @@ Contract with LMCache (shared/reference/lmcache-native-plugin.md, section 1):
   ``lookup_timeout_s`` for EXISTS, ``op_timeout_s`` for the rest, plus at most the memcpy of
   the slices then in progress on its buffers (lmcache_adp/batch.py).
 - Lookups never wait behind loads or stores, and loads never wait behind stores, on the one
-  session an LMCache server has (lmcache_adp/lanes.py).
+  session an LMCache server has (lmcache_adp/lanes.py). Most never reach the gateway at all:
+  the submit call answers them from the tenant's presence table (lmcache_adp/lookups.py).
 - L1 buffers are written only by this plugin's copy threads (a load lands in the transfer window
   and is copied into L1 once verified), and only before the batch is reported (invariant 4).
   When LMCache's L1 is shared memory (``lmcache server --shm-name``), a store of whole pages is
@@ -120,6 +121,11 @@ class ADPConnector:
     def _submit(self, op: Op, keys: list[str], memviews: list[memoryview] | None) -> int:
         future_id = next(self._future_ids)
         keys = [str(k) for k in keys]
+        if op == Op.EXISTS and not self._shared.stopping.is_set():
+            found = self._look_up(keys)
+            if found is not None:
+                self._shared.completions.push(future_id, True, "", found)
+                return future_id
         timeout_s = self._params.lookup_timeout_s if op == Op.EXISTS else self._params.op_timeout_s
         deadline_ns = time.monotonic_ns() + int(timeout_s * 1e9)
         buffers = None if memviews is None else [m.cast("B") for m in memviews]
@@ -131,6 +137,17 @@ class ADPConnector:
             return future_id
         self._shared.wake_io()
         return future_id
+
+    def _look_up(self, keys: list[str]) -> list[bool] | None:
+        """The answer from the tenant's presence table, when it has one (lmcache_adp/lookups.py)."""
+        lookups = self._shared.lookups
+        if lookups is None or not keys:
+            return None
+        try:
+            return lookups.find(keys)
+        except Exception:  # whatever the table holds, the ring still answers
+            log.exception("the presence table could not answer a lookup; asking the gateway")
+            return None
 
     def _connect_loop(self) -> None:
         """Whenever the I/O thread wants a link: handshake until one succeeds, waiting a

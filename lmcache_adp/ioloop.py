@@ -38,6 +38,7 @@ from lmcache_adp.copier import Copier
 from lmcache_adp.lanes import Lane, Lanes, room
 from lmcache_adp.link import GatewayLink, Request
 from lmcache_adp.logs import log
+from lmcache_adp.lookups import LocalLookups
 
 IDLE_POLL_MS = 200
 INBOX_BATCHES_MAX = 4096  # submitted batches the link's thread has not taken yet
@@ -77,6 +78,7 @@ class Shared:
     stopping: threading.Event = field(default_factory=threading.Event)
     want_link: threading.Event = field(default_factory=threading.Event)  # I/O -> connect
     op_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    lookups: LocalLookups | None = None  # the current link's; the link's thread sets it
 
     def wake_io(self) -> None:
         os.eventfd_write(self.wake, 1)
@@ -147,6 +149,7 @@ class IOLoop:
         while self._shared.new_links:  # a newer link replaces ours without asking for another
             self._drop_link(reconnect=False)
             self._link = self._shared.new_links.popleft()
+            self._shared.lookups = self._link.lookups
         if self._link is not None and not self._link.alive():
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
@@ -364,6 +367,7 @@ class IOLoop:
         link, self._link = self._link, None
         if link is None:
             return
+        self._shared.lookups = None
         for request in list(link.inflight.values()):
             link.release(request)
             self._settle(request, Status.FAILED)

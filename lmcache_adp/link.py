@@ -15,7 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from adp_wire.errors import ProtocolError
+from adp_wire.presence import PresenceView
 from adp_wire.protocol import (
     Hello,
     Op,
@@ -28,6 +31,7 @@ from adp_wire.protocol import (
 )
 from adp_wire.ring.layout import (
     FLAG_L1,
+    LOOKUPS,
     Completion,
     RingLayout,
     Submission,
@@ -37,6 +41,7 @@ from adp_wire.ring.layout import (
 from adp_wire.ring.queue import check_host, completion_consumer, submission_producer
 from lmcache_adp import trust
 from lmcache_adp.l1 import L1Map
+from lmcache_adp.lookups import LocalLookups
 from lmcache_adp.window import WindowAllocator
 
 
@@ -59,10 +64,12 @@ class Request:
 
 class GatewayLink:
     def __init__(self, sock: socket.socket, welcome: Welcome, fds: list[int]) -> None:
-        """Takes over ``fds`` (memfd, submit and complete doorbells); closes them if it fails."""
-        memfd, self.submit_fd, self.complete_fd = fds
+        """Takes over ``fds`` (memfd, submit and complete doorbells, and the presence table's
+        when the welcome has one); closes them if it fails."""
+        memfd, self.submit_fd, self.complete_fd = fds[:3]
         self.welcome = welcome
         self._sock = sock
+        self.lookups: LocalLookups | None = None  # answers EXISTS without the gateway
         try:
             self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
             try:
@@ -73,12 +80,19 @@ class GatewayLink:
             self.window = self.layout.window(self.memory)
             self._submissions = submission_producer(self.memory, self.layout)
             self._completions = completion_consumer(self.memory, self.layout)
+            if welcome.presence_slots:
+                view = PresenceView(fds[3], welcome.presence_slots)
+                counts = np.frombuffer(self.memory, np.uint64, 2, LOOKUPS)
+                self.lookups = LocalLookups(view, counts)
         except BaseException as exc:  # a welcome that maps badly: whatever it was, not ours
             os.close(self.submit_fd)
             os.close(self.complete_fd)
             if isinstance(exc, Exception) and not isinstance(exc, ProtocolError):
                 raise ProtocolError(f"the gateway's shared memory does not map: {exc}") from exc
             raise
+        finally:
+            for fd in fds[3:]:  # the presence table's: its mapping keeps the table
+                os.close(fd)
         self.l1: L1Map | None = None  # set by connect when the gateway took our L1 segment
         self._free_slots = list(range(welcome.slots - 1, -1, -1))
         self.allocator = WindowAllocator(welcome.window_bytes)
@@ -114,11 +128,14 @@ class GatewayLink:
                     send_frame(sock, hello_body(replace(hello, l1_bytes=l1.size)), [segment])
                 finally:
                     os.close(segment)
-            body, fds = recv_frame(sock, fds_max=3)
+            body, fds = recv_frame(sock, fds_max=4)
             try:
                 welcome = parse_welcome(body)
-                if len(fds) != 3:
-                    raise ProtocolError(f"the gateway sent {len(fds)} fds with its welcome, not 3")
+                expected = 4 if welcome.presence_slots else 3
+                if len(fds) != expected:
+                    raise ProtocolError(
+                        f"the gateway sent {len(fds)} fds with its welcome, not {expected}"
+                    )
             except BaseException:
                 for fd in fds:
                     os.close(fd)

@@ -25,6 +25,10 @@ call               promise
 ``delete``         per key, whether it was there; a deleted value never comes back, even after a
                    restart. Raises ``StorageError`` (nothing deleted) when it cannot be recorded.
 ``exists``         answered from memory, never from the device.
+``holdings``       the card tells ``CardContext.holdings`` of every key it comes to hold
+                   (a put of a new key, recovery) and every key it lets go (a delete, an
+                   eviction, a value found corrupt), so the gateway's presence tables
+                   (adp_gateway/presence.py) answer as ``exists`` would.
 ``recover``        call once, before anything else: rebuilds what a persistent card held (a
                    volatile card starts empty) and returns how many values it found.
 ``sync_all``       every write so far is durable (a no-op on a volatile card).
@@ -50,6 +54,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
+from adp_gateway.card.holdings import Holdings
 from adp_gateway.format import key_hash  # places an object's first fragment: part of the layout
 from adp_wire import fragmenter
 
@@ -57,7 +62,15 @@ if TYPE_CHECKING:
     from adp_gateway.card.software.devices.base import Device
     from adp_gateway.config import GatewayConfig
 
-__all__ = ["BuiltinCard", "Card", "CardContext", "CardStatistics", "Wanted", "key_hash"]
+__all__ = [
+    "BuiltinCard",
+    "Card",
+    "CardContext",
+    "CardStatistics",
+    "Holdings",
+    "Wanted",
+    "key_hash",
+]
 
 Wanted = tuple[str, memoryview, int]  # a load: key, the extent to read into, object bytes
 
@@ -91,10 +104,11 @@ class CardContext:
     for a sync (the scheduler then lets the next store's writes go). ``wrap_device(database,
     path, device)``: a card with devices passes each through it, and uses what it returns (the
     gateway counts each device's errors for its status, and tests inject faults); cards
-    without devices never call it."""
+    without devices never call it. ``holdings``: see card/holdings.py."""
 
     on_written: Callable[[], None]
     wrap_device: Callable[[int, str, Device], Device]
+    holdings: Holdings
 
 
 class Card(abc.ABC):

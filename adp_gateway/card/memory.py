@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics
+from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import StorageError
 from adp_wire.checksum import checksum
@@ -45,6 +45,7 @@ class MemoryCard(Card):
         capacity_bytes: int,
         fragment_bytes: int,
         quotas: Mapping[str, int] | None = None,
+        holdings: Holdings | None = None,
     ) -> None:
         """``quotas``: tenant -> the bytes it may hold; the others share what is left."""
         assert databases > 0 and fragment_bytes > 0
@@ -52,6 +53,7 @@ class MemoryCard(Card):
         self._capacity_bytes = capacity_bytes
         self._fragment_bytes = fragment_bytes
         self._quotas = dict(quotas or {})
+        self._holdings = holdings
         self._lock = threading.Lock()
         self._values: OrderedDict[ObjectId, _Value] = OrderedDict()  # least recently used first
         self._pool_used: dict[str, int] = {}
@@ -63,7 +65,13 @@ class MemoryCard(Card):
     def open(cls, config: GatewayConfig, context: CardContext) -> MemoryCard:
         assert config.capacity is not None
         quotas = {t.name: t.quota for t in config.tenants if t.quota is not None}
-        return cls(len(config.database_paths), config.capacity, config.fragment_size, quotas)
+        return cls(
+            len(config.database_paths),
+            config.capacity,
+            config.fragment_size,
+            quotas,
+            context.holdings,
+        )
 
     @property
     def databases(self) -> int:
@@ -97,6 +105,8 @@ class MemoryCard(Card):
             self._make_room(self._pool(tenant), stored_bytes)
             self._values[(tenant, key)] = value
             self._add_used(self._pool(tenant), stored_bytes)
+            if self._holdings is not None:
+                self._holdings.added(tenant, key)
             self._counts["stores"] += 1
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
@@ -194,6 +204,8 @@ class MemoryCard(Card):
         if value is None:
             return False
         self._add_used(self._pool(object_id[0]), -value.stored_bytes)
+        if self._holdings is not None:
+            self._holdings.removed(*object_id)
         return True
 
     def _add_used(self, pool: str, delta: int) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from adp_gateway.presence import slots_for as presence_slots_for
+from adp_wire.presence import PROBES_MAX, fingerprint
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
 from tests.support.faulty_gateway import FaultyGateway
@@ -24,6 +26,7 @@ from tests.support.plugin import connected, databases_of, keyed_objects
 
 pytestmark = pytest.mark.integration
 MiB = 2**20
+GATEWAY_CAPACITY = 2**30  # the gateway fixture's
 CONFIG = "session_window_size: 8MiB\nfragment_size: 1MiB\nregion_size: 8MiB\ndatabases_per_dir: 2\n"
 
 
@@ -121,23 +124,63 @@ def test_a_load_overtakes_stores_that_wait_for_window_room(
     assert all(plugin.wait(f)[1] is True for f in stores)
 
 
-def test_a_lookup_ends_within_its_own_timeout_while_a_stopped_gateway_holds_the_stores(
+def test_a_lookup_is_answered_while_a_stopped_gateway_holds_the_stores(
     gateway: Gateway, made: list[Plugin]
 ) -> None:
-    plugin = Plugin(gateway, op_timeout_s=60.0, lookup_timeout_s=1.0)
+    """The plugin answers lookups from the tenant's presence table: no thread of the gateway
+    runs for them, so a stopped one does not hold them up."""
+    plugin = Plugin(gateway, op_timeout_s=60.0, lookup_timeout_s=30.0)
     made.append(plugin)
+    stored = keyed_objects(4, 2, MiB)
+    assert plugin.wait(plugin.store(stored))[1] is True
     gateway.send_signal(signal.SIGSTOP)
     try:
         stores = [plugin.store({k: v}) for k, v in keyed_objects(5, 16, MiB).items()]
-        lookup = plugin.connector.submit_batch_exists(["k"])
-        # A lookup is answered from memory in microseconds: one that is not answered within
-        # lookup_timeout_s finds a hung gateway, and its keys are misses, long before the
-        # stores' own deadline.
-        assert plugin.wait(lookup, timeout_s=30)[3] == [False]
+        lookup = plugin.connector.submit_batch_exists([*stored, "absent"])
+        assert plugin.wait(lookup, timeout_s=30)[1:] == (True, "", [True, True, False])
         assert not set(stores) & set(plugin.order), "a store ended before the gateway resumed"
     finally:
         gateway.send_signal(signal.SIGCONT)
     assert all(plugin.wait(f)[1] is True for f in stores)
+
+
+def crowding(count: int, slots: int) -> dict[str, bytes]:
+    """``count`` small objects whose keys share one home cell of a presence table of ``slots``
+    cells: more than PROBES_MAX of them leave the table unable to answer for absent keys."""
+    found: dict[str, bytes] = {}
+    i = 0
+    while len(found) < count:
+        key = f"crowd-{i}"
+        if fingerprint(key) & (slots - 1) == 0:
+            found[key] = bytes([i % 256]) * 4096
+        i += 1
+    return found
+
+
+def test_a_lookup_the_table_cannot_answer_ends_within_its_own_timeout_while_the_gateway_is_stopped(
+    gateway: Gateway, made: list[Plugin]
+) -> None:
+    """Where the presence table is not complete, lookups of keys it lacks go through the ring;
+    a stopped gateway then makes them misses at lookup_timeout_s, long before the stores'
+    own deadline."""
+    plugin = Plugin(gateway, op_timeout_s=60.0, lookup_timeout_s=1.0)
+    made.append(plugin)
+    crowd = crowding(PROBES_MAX + 1, presence_slots_for(GATEWAY_CAPACITY))
+    assert plugin.wait(plugin.store(crowd))[3] == [True] * len(crowd)
+    gateway.send_signal(signal.SIGSTOP)
+    try:
+        stores = [plugin.store({k: v}) for k, v in keyed_objects(5, 16, MiB).items()]
+        # One of the crowd found no cell, so only the gateway can answer for all of them.
+        lookup = plugin.connector.submit_batch_exists(list(crowd))
+        assert plugin.wait(lookup, timeout_s=30)[3] == [False] * len(crowd)
+        assert not set(stores) & set(plugin.order), "a store ended before the gateway resumed"
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+    assert all(plugin.wait(f)[1] is True for f in stores)
+    assert plugin.wait(plugin.connector.submit_batch_exists([*crowd, "absent"]))[3] == [
+        *[True] * len(crowd),
+        False,
+    ]  # the gateway answers, the key the table left out included
 
 
 def test_close_with_ops_in_flight_reports_each_once_and_never_writes_l1_after(

@@ -5,6 +5,7 @@ disturbing the seven others, and a server started after it is served."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from tests.support.many_clients_driver import (
     store,
     store_then_load_from_l2,
 )
+from tests.support.plugin import make_tenant_table
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +38,9 @@ def session_memfds(gateway: Gateway) -> int:
 
 
 def connected_pids(gateway: Gateway) -> list[int]:
-    """The client pid of every session the gateway accepted, in order."""
-    return [
-        int(pid) for pid in re.findall(r"session \d+ \(pid (\d+) .*\) connected", gateway.log())
-    ]
+    """The client pid of every session the gateway accepted, in order, but this process's."""
+    found = re.findall(r"session \d+ \(pid (\d+) .*\) connected", gateway.log())
+    return [int(pid) for pid in found if int(pid) != os.getpid()]
 
 
 def closed_line(gateway: Gateway, pid: int) -> str | None:
@@ -73,6 +74,7 @@ def kill_mid_transfer(server: LMCacheServer, first_seed: int, attempts: int = 5)
 def test_eight_servers_share_one_gateway_and_a_killed_one_frees_its_session(
     gateway: Gateway, make_server: Callable[[str], LMCacheServer]
 ) -> None:
+    make_tenant_table(gateway)
     baseline = session_resources(gateway)
     adapter = gateway.l2_adapter_json(op_timeout_s=30.0)
     servers = [make_server(adapter) for _ in range(SERVERS)]

@@ -7,7 +7,7 @@ import numpy as np
 from adp_gateway.format import key_hash
 from adp_wire import fragmenter
 from lmcache_adp import ADPConnector
-from tests.support import wait_for_future, wait_until
+from tests.support import Gateway, wait_for_future, wait_until
 
 
 def objects(count: int, size: int, seed: int = 0) -> list[bytearray]:
@@ -26,6 +26,17 @@ def connected(connector: ADPConnector, timeout_s: float = 20) -> None:
         return bool(wait_for_future(connector, connector.submit_batch_exists(["probe"]))[1])
 
     wait_until(answered, timeout_s, "the plugin to reach the gateway")
+
+
+def make_tenant_table(gateway: Gateway) -> None:
+    """Connect once and leave, so the gateway has made the tenant's presence table (one per
+    tenant, kept for the gateway's life) before a test counts the fds its sessions hold."""
+    connector = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(connector)
+    finally:
+        connector.close()
+    wait_until(lambda: " closed: " in gateway.log(), 10, "the session to end")
 
 
 Objects = dict[str, bytes]

@@ -1,13 +1,16 @@
 """Goal: every card keeps the contract of adp_gateway/card/base.py, the one interface the gateway
 stores through. One suite, run on each card in the tree (the software card over database files,
 the memory card), each opened the way the gateway opens it (the config's ``card`` key, through
-the loader): that both pass it is what proves the seam.
+the loader): that both pass it is what proves the seam. Each card also reports every key it
+comes to hold or lets go (``CardContext.holdings``), so a presence table fed by it answers as
+``exists`` does.
 
 What only a persistent card promises (values and deletes survive a reopen) is checked on the
 cards that say they are persistent; a volatile card must say so, and come back empty."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +22,9 @@ from adp_gateway.card.memory import MemoryCard
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import ConfigError
+from adp_gateway.presence import Presence
 from adp_wire.checksum import checksum
+from adp_wire.presence import PresenceView
 from tests.support.storage import extent, payload
 
 REGION = 256 * 2**10
@@ -31,10 +36,17 @@ OBJECT = 48 * 2**10  # one fragment, a record well inside a region
 Opener = Callable[[], Card]
 
 
+@pytest.fixture
+def presence() -> Iterator[Presence]:
+    tables = Presence()
+    yield tables
+    tables.close()
+
+
 @pytest.fixture(params=list(BuiltinCard), ids=str)
-def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+def reopen(request: pytest.FixtureRequest, tmp_path: Path, presence: Presence) -> Iterator[Opener]:
     """Opens (and recovers) the card over the same storage each time it is called; the card
-    opened before is closed first, as a restart would."""
+    opened before is closed first, and ``presence`` forgets every key, as a restart would."""
     config = GatewayConfig(
         card=str(request.param),
         data_dirs=[str(tmp_path)],
@@ -50,7 +62,8 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     def open_again() -> Card:
         if opened:
             opened.pop().close()
-        card = open_card(config, CardContext(lambda: None, lambda _d, _p, device: device))
+        presence.close()
+        card = open_card(config, CardContext(lambda: None, lambda _d, _p, device: device, presence))
         card.recover()
         opened.append(card)
         return card
@@ -67,6 +80,18 @@ def put(card: Card, key: str, data: bytes, tenant: str = "t") -> None:
 def get(card: Card, key: str, size: int, tenant: str = "t") -> bytes | None:
     out = extent(bytes(size))
     return bytes(out[:size]) if card.get(tenant, key, out, size) else None
+
+
+def assert_presence_agrees(
+    card: Card, presence: Presence, keys: list[str], tenant: str = "t"
+) -> None:
+    """The tenant's presence table, read as the plugin reads it, answers as ``exists`` does."""
+    fd, slots = presence.share(tenant)
+    try:
+        view = PresenceView(fd, slots)
+    finally:
+        os.close(fd)
+    assert view.find(keys) == card.exists(tenant, keys)
 
 
 def test_the_loader_gives_each_builtin_card_its_class() -> None:
@@ -139,18 +164,20 @@ def test_misses_are_misses(reopen: Opener) -> None:
     assert (statistics.loads, statistics.load_misses) == (1, 1)
 
 
-def test_a_deleted_value_is_gone(reopen: Opener) -> None:
+def test_a_deleted_value_is_gone(reopen: Opener, presence: Presence) -> None:
     card = reopen()
     put(card, "a", payload(1, 5000))
     put(card, "b", payload(2, 5000))
+    assert_presence_agrees(card, presence, ["a", "b", "c"])
     assert card.delete("t", ["a", "a", "c"]) == [True, False, False]
     assert card.exists("t", ["a", "b"]) == [False, True]
+    assert_presence_agrees(card, presence, ["a", "b", "c"])
     assert get(card, "a", 5000) is None
     assert card.statistics().objects == 1
 
 
 def test_a_put_of_the_same_length_keeps_the_value_another_length_replaces_it(
-    reopen: Opener,
+    reopen: Opener, presence: Presence
 ) -> None:
     """Keys name content: a second put of the same length is skipped (the bytes are the same);
     another length is a new version, and the old one never comes back."""
@@ -165,19 +192,24 @@ def test_a_put_of_the_same_length_keeps_the_value_another_length_replaces_it(
     assert get(card, "k", 9000) is None
     assert get(card, "k", len(longer)) == longer
     assert card.statistics().objects == 1
+    assert_presence_agrees(card, presence, ["k"])
 
 
-def test_tenants_are_namespaces(reopen: Opener) -> None:
+def test_tenants_are_namespaces(reopen: Opener, presence: Presence) -> None:
     card = reopen()
     mine, theirs = payload(1, 7000), payload(2, 7000)
     put(card, "k", mine, tenant="a")
     put(card, "k", theirs, tenant="b")
     assert card.delete("a", ["k"]) == [True]
     assert card.exists("b", ["k"]) == [True]
+    assert_presence_agrees(card, presence, ["k"], tenant="a")
+    assert_presence_agrees(card, presence, ["k"], tenant="b")
     assert get(card, "k", 7000, tenant="b") == theirs
 
 
-def test_zero_copy_checksums_are_kept_and_a_wrong_one_is_a_miss(reopen: Opener) -> None:
+def test_zero_copy_checksums_are_kept_and_a_wrong_one_is_a_miss(
+    reopen: Opener, presence: Presence
+) -> None:
     """A zero-copy store hands the client's checksums in, and a load verifies the bytes against
     them. A store whose bytes changed under the write (its checksum does not match) is dropped at
     its first load."""
@@ -193,9 +225,12 @@ def test_zero_copy_checksums_are_kept_and_a_wrong_one_is_a_miss(reopen: Opener) 
     assert get(card, "bad", len(data)) is None
     assert card.exists("t", ["bad"]) == [False]
     assert card.statistics().verify_failures == 1
+    assert_presence_agrees(card, presence, ["k", "bad"])
 
 
-def test_a_full_card_evicts_and_stays_within_its_capacity(reopen: Opener) -> None:
+def test_a_full_card_evicts_and_stays_within_its_capacity(
+    reopen: Opener, presence: Presence
+) -> None:
     card = reopen()
     assert card.statistics().used_bytes == 0
     written = {}
@@ -208,6 +243,7 @@ def test_a_full_card_evicts_and_stays_within_its_capacity(reopen: Opener) -> Non
     keys = list(written)
     present = card.exists("t", keys)
     assert not all(present) and all(present[-4:])  # old values went, the newest stayed
+    assert_presence_agrees(card, presence, keys)
     for key in keys[-4:]:
         assert get(card, key, OBJECT) == written[key]
 
@@ -220,7 +256,9 @@ def test_a_tenant_pool_holds_what_its_values_use(reopen: Opener) -> None:
     assert 0 < held <= limit <= CAPACITY
 
 
-def test_a_persistent_card_keeps_its_values_and_deletes_across_a_reopen(reopen: Opener) -> None:
+def test_a_persistent_card_keeps_its_values_and_deletes_across_a_reopen(
+    reopen: Opener, presence: Presence
+) -> None:
     card = reopen()
     kept = {f"k{i}": payload(i, 1000 * i + 1) for i in range(6)}
     for key, data in kept.items():
@@ -228,6 +266,7 @@ def test_a_persistent_card_keeps_its_values_and_deletes_across_a_reopen(reopen: 
     card.delete("t", ["k2"])
     card.sync_all()
     card = reopen()
+    assert_presence_agrees(card, presence, list(kept))
     if not type(card).persistent:
         assert card.statistics().objects == 0 and card.exists("t", ["k1"]) == [False]
         return
@@ -244,7 +283,7 @@ def test_every_builtin_card_states_whether_it_persists() -> None:
 def test_a_gateway_config_picks_the_card(tmp_path: Path) -> None:
     config = GatewayConfig(data_dirs=[str(tmp_path)], capacity=CAPACITY, region_size=REGION)
     assert config.card == "software"  # the default
-    context = CardContext(lambda: None, lambda _d, _p, device: device)
+    context = CardContext(lambda: None, lambda _d, _p, device: device, Presence())
     card = open_card(config.model_copy(update={"card": "memory"}), context)
     assert isinstance(card, MemoryCard)
     card.close()

@@ -21,7 +21,7 @@ from adp_wire.protocol import Hello, Op, hello_body, parse_welcome, recv_frame, 
 from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, session_resources, wait_for_future, wait_until
-from tests.support.plugin import connected, objects, views
+from tests.support.plugin import connected, make_tenant_table, objects, views
 
 
 def run_gateway(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -241,6 +241,7 @@ while True:  # stores until killed, eight 8 MiB objects in flight at a time
 
 
 def test_a_client_killed_mid_transfer_frees_its_session(gateway: Gateway) -> None:
+    make_tenant_table(gateway)
     baseline = session_resources(gateway)
     assert baseline[1] == 0
     client = subprocess.Popen(

@@ -15,7 +15,7 @@ PLUGIN_MAY_USE: set[str] = set()  # everything the plugin shares is in adp_wire
 # A module may import only modules of a strictly lower layer of its own package.
 WIRE_LAYERS = [
     {"adp_wire.errors", "adp_wire.checksum", "adp_wire.fragmenter"},
-    {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout"},
+    {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout", "adp_wire.presence"},
     {"adp_wire.ring.queue", "adp_wire.protocol", "adp_wire.settings"},
     {"adp_wire.__main__"},
 ]
@@ -27,6 +27,8 @@ GATEWAY_LAYERS = [
         "adp_gateway.status",
         "adp_gateway.verify",
         "adp_gateway.tenants",
+        "adp_gateway.presence",
+        "adp_gateway.card.holdings",
         "adp_gateway.card.software.devices.base",
         "adp_gateway.card.software.devices.memory",
         "adp_gateway.card.software.devices.filedevice",

@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from adp_gateway.card.software.devices.memory import MemoryDevice
@@ -15,7 +16,7 @@ from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
 from adp_wire.protocol import Op, Status, encode_keys
-from adp_wire.ring.layout import PAGE_BYTES, RingLayout, Submission, map_shared
+from adp_wire.ring.layout import LOOKUPS, PAGE_BYTES, RingLayout, Submission, map_shared
 from adp_wire.ring.queue import completion_consumer
 from tests.support.fuzz_parsers import drain
 from tests.support.storage import REGION, open_store
@@ -125,3 +126,30 @@ def test_data_op_with_two_keys_is_refused(session: tuple[Session, Scheduler, mem
     s, _, memory = session
     with pytest.raises(ProtocolError, match="one key"):
         submit(s, memory, Op.SET, 0, ["a", "b"], 0, 10)
+
+
+def test_lookups_the_client_answered_itself_are_counted_and_nonsense_is_not(
+    session: tuple[Session, Scheduler, memoryview],
+) -> None:
+    """The plugin counts the lookups it answers from the presence table in the shared memory
+    (LOOKUPS); the gateway adds each increase to its metrics once, and a count that makes no
+    sense (more found than looked up, a counter going back) adds nothing and breaks nothing."""
+    s, _, memory = session
+    counts = np.frombuffer(memory, np.uint64, 2, LOOKUPS)
+    metrics = s._metrics
+
+    def looked_up() -> int:
+        return metrics.snapshot().get("lookup_keys", 0)
+
+    counts[:] = (10, 4)
+    s.fold_lookups()
+    s.fold_lookups()
+    assert looked_up() == 10
+    counts[:] = (12, 9)  # 2 more looked up, 5 more found: nonsense
+    s.fold_lookups()
+    counts[:] = (5, 1)  # back: nonsense
+    s.fold_lookups()
+    assert looked_up() == 10
+    counts[:] = (20, 10)  # from the last count seen, (5, 1): 15 more, 9 of them found
+    s.fold_lookups()
+    assert looked_up() == 25

@@ -20,7 +20,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics, Wanted
+from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Wanted
 from adp_gateway.card.software.catalog import Catalog
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
@@ -45,17 +45,19 @@ class SoftwareCard(Card):
         sync: bool,
         on_written: Callable[[], None] | None = None,
         prepare: bool = False,
+        holdings: Holdings | None = None,
     ) -> None:
         """``sync``: a store returns once an fdatasync covers it (else once written).
         ``on_written`` is called by a store's thread when its writes have landed, before it
         waits for that sync (the scheduler then lets the next store's writes go). ``prepare``:
-        after ``recover``, write never-written regions once in the background."""
+        after ``recover``, write never-written regions once in the background. ``holdings``
+        hears of every key the index gains or loses (card/holdings.py)."""
         self._log = region_log
         self._fragment_bytes_max = fragment_bytes_max
         self._sync = sync
         self._on_written = on_written or (lambda: None)
         self._prepare = prepare
-        self._catalog = Catalog(region_log)
+        self._catalog = Catalog(region_log, holdings)
         self._counts: dict[str, int] = defaultdict(int)
         self._counts_lock = threading.Lock()  # the I/O threads count at once
         self._fragments = FragmentIO(region_log)
@@ -249,6 +251,7 @@ def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
         sync=config.sync == "always",
         on_written=context.on_written,
         prepare=config.prepare_databases,
+        holdings=context.holdings,
     )
     holder.append(card)
     return card

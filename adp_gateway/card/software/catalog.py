@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 
+from adp_gateway.card.holdings import Holdings
 from adp_gateway.card.software.index import Index, Manifest, ObjectId
 from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
@@ -26,9 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class Catalog:
-    def __init__(self, region_log: RegionLog) -> None:
+    def __init__(self, region_log: RegionLog, holdings: Holdings | None = None) -> None:
         self._log = region_log
-        self.index = Index()
+        self.index = Index(holdings)
         self._seq = itertools.count(1)
         self._seq_lock = threading.Lock()
         self._tombstones = Tombstones()

@@ -1,6 +1,7 @@
 """The in-memory index: (tenant, key) -> manifest. EXISTS is answered from here, never from disk.
 
-Thread-safe. ``members`` maps each region to the objects with a fragment in it, so reclaiming a
+Thread-safe. ``holdings`` (card/holdings.py) hears of every key the index gains or loses.
+``members`` maps each region to the objects with a fragment in it, so reclaiming a
 region forgets exactly those objects (and only if they still live in that region's epoch).
 """
 
@@ -11,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from adp_gateway.card.holdings import Holdings
 from adp_gateway.card.software.regions import Location
 
 ObjectId = tuple[str, str]  # (tenant, key)
@@ -27,9 +29,9 @@ class Index:
     """Objects are kept per tenant (tenant -> key -> manifest), so a lookup of many keys is one
     dict probe per key, without building a (tenant, key) tuple for each."""
 
-    def __init__(self) -> None:
+    def __init__(self, holdings: Holdings | None = None) -> None:
         self._lock = threading.Lock()
-        self._objects = _Objects()
+        self._objects = _Objects(holdings)
         # Region -> the objects with a fragment there. Built at the first reclaim after a
         # recovery rather than during it, so a restart answers lookups sooner.
         self._members: dict[tuple[int, int], set[ObjectId]] | None = defaultdict(set)
@@ -116,9 +118,10 @@ class Index:
 class _Objects:
     """A mapping of (tenant, key) to manifest, stored as tenant -> key -> manifest."""
 
-    def __init__(self) -> None:
+    def __init__(self, holdings: Holdings | None) -> None:
         self._tenants: dict[str, dict[str, Manifest]] = {}
         self._count = 0
+        self._holdings = holdings
 
     def __len__(self) -> int:
         return self._count
@@ -127,6 +130,10 @@ class _Objects:
         assert not self._count
         self._tenants = {tenant: objects for tenant, objects in tenants.items() if objects}
         self._count = sum(len(objects) for objects in self._tenants.values())
+        if self._holdings is not None:
+            for tenant, objects in self._tenants.items():
+                for key in objects:
+                    self._holdings.added(tenant, key)
 
     def of(self, tenant: str) -> dict[str, Manifest]:
         return self._tenants.get(tenant, _EMPTY)
@@ -136,7 +143,10 @@ class _Objects:
 
     def __setitem__(self, object_id: ObjectId, manifest: Manifest) -> None:
         objects = self._tenants.setdefault(object_id[0], {})
-        self._count += object_id[1] not in objects
+        if object_id[1] not in objects:
+            self._count += 1
+            if self._holdings is not None:
+                self._holdings.added(*object_id)
         objects[object_id[1]] = manifest
 
     def items(self) -> Iterator[tuple[ObjectId, Manifest]]:
@@ -147,6 +157,8 @@ class _Objects:
     def __delitem__(self, object_id: ObjectId) -> None:
         del self._tenants[object_id[0]][object_id[1]]
         self._count -= 1
+        if self._holdings is not None:
+            self._holdings.removed(*object_id)
 
 
 _EMPTY: dict[str, Manifest] = {}

@@ -1,0 +1,151 @@
+"""The gateway's side of the presence tables (adp_wire/presence.py): one per tenant, kept in step
+with the card, which reports every key it adds or drops (``CardContext.holdings``), and shared
+read-only with each session of that tenant at its handshake.
+
+A key is placed within ``PROBES_MAX`` cells of its home; one that finds no free cell there is
+left out, and the table says it is not complete until every left-out key is gone. A removal
+shifts the cells after it back (Knuth's algorithm R), so the table never fills with markers of
+removed keys and stays as short to probe as its load allows.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from adp_wire.presence import (
+    COMPLETE_OFFSET,
+    EMPTY,
+    HEADER,
+    MAGIC,
+    PROBES_MAX,
+    SLOTS_MAX,
+    SLOTS_MIN,
+    VERSION,
+    check_slots,
+    fingerprint,
+    table_bytes,
+)
+
+OBJECT_BYTES_TYPICAL = 128 * 1024  # well under one LMCache chunk of any real model
+LOAD_MAX = 0.75
+
+
+def slots_for(capacity_bytes: int) -> int:
+    """Cells for a card of ``capacity_bytes``: at most half full with objects this small."""
+    wanted = max(1, 2 * capacity_bytes // OBJECT_BYTES_TYPICAL)
+    return min(SLOTS_MAX, max(SLOTS_MIN, 1 << (wanted - 1).bit_length()))
+
+
+class PresenceTable:
+    """One tenant's table. Not thread-safe: ``Presence`` serializes its calls."""
+
+    def __init__(self, slots: int) -> None:
+        check_slots(slots)
+        self.slots = slots
+        self.fd = os.memfd_create("adp-presence", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, table_bytes(slots))
+        self._mapping = mmap.mmap(self.fd, table_bytes(slots))
+        HEADER.pack_into(self._mapping, 0, MAGIC, VERSION, slots, 1, 0)
+        self._cells: np.ndarray[Any, np.dtype[np.uint64]] = np.frombuffer(
+            self._mapping, np.uint64, slots, HEADER.size
+        )
+        self._mask = slots - 1
+        self._live = 0  # keys in the table; kept under LOAD_MAX so every run ends in an empty cell
+        self.left_out = 0  # keys the tenant holds that found no cell
+
+    def add(self, key: str) -> None:
+        """A key the tenant did not hold before."""
+        wanted = fingerprint(key)
+        home = wanted & self._mask
+        for step in range(PROBES_MAX if self._live < self.slots * LOAD_MAX else 0):
+            cell = (home + step) & self._mask
+            seen = int(self._cells[cell])
+            if seen == wanted:
+                return  # another key with this fingerprint (2^-64): the two share a cell
+            if seen == EMPTY:
+                self._cells[cell] = wanted
+                self._live += 1
+                return
+        self.left_out += 1
+        self._mapping[COMPLETE_OFFSET] = 0
+
+    def remove(self, key: str) -> None:
+        """A key the tenant held."""
+        hole = self._find(fingerprint(key))
+        if hole is None:
+            self.left_out = max(0, self.left_out - 1)
+            if not self.left_out:
+                self._mapping[COMPLETE_OFFSET] = 1
+            return
+        cell = hole
+        while True:  # shift back every later key of the run that may sit in the hole
+            cell = (cell + 1) & self._mask
+            seen = int(self._cells[cell])
+            if seen == EMPTY:
+                break
+            home = seen & self._mask
+            if (hole - home) & self._mask < (cell - home) & self._mask:
+                self._cells[hole] = seen
+                hole = cell
+        self._cells[hole] = EMPTY
+        self._live -= 1
+
+    def read_only_fd(self) -> int:
+        """A new fd of the table that cannot be mapped writable; the caller closes it."""
+        return os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        del self._cells
+        self._mapping.close()
+        os.close(self.fd)
+
+    def _find(self, wanted: int) -> int | None:
+        home = wanted & self._mask
+        for step in range(PROBES_MAX):
+            cell = (home + step) & self._mask
+            seen = int(self._cells[cell])
+            if seen == wanted:
+                return cell
+            if seen == EMPTY:
+                return None
+        return None
+
+
+class Presence:
+    """Every tenant's table, made at the first key or session of that tenant. Thread-safe."""
+
+    def __init__(self, slots: int = SLOTS_MIN) -> None:
+        self._slots = slots
+        self._tables: dict[str, PresenceTable] = {}
+        self._lock = threading.Lock()
+
+    def added(self, tenant: str, key: str) -> None:
+        with self._lock:
+            self._table(tenant).add(key)
+
+    def removed(self, tenant: str, key: str) -> None:
+        with self._lock:
+            self._table(tenant).remove(key)
+
+    def share(self, tenant: str) -> tuple[int, int]:
+        """A read-only fd of ``tenant``'s table (the caller closes it) and its cell count."""
+        with self._lock:
+            table = self._table(tenant)
+            return table.read_only_fd(), table.slots
+
+    def close(self) -> None:
+        with self._lock:
+            for table in self._tables.values():
+                table.close()
+            self._tables.clear()
+
+    def _table(self, tenant: str) -> PresenceTable:
+        table = self._tables.get(tenant)
+        if table is None:
+            table = self._tables[tenant] = PresenceTable(self._slots)
+        return table
