@@ -71,7 +71,8 @@ for step in $STEPS; do
       ts "== lookup_under_load, GPU mode, ${LOOKUP_MIB:-1024} MiB prompts"
       timeout $(( $(left) - 5 )) $PY -m bench.lookup_under_load --dir "$D/lookup" --mode "${MODE:-gpu}" \
         --prompt-mib "${LOOKUP_MIB:-1024}" --prompts "${LOOKUP_PROMPTS:-4}" \
-        --rounds "${LOOKUP_ROUNDS:-3}" --lmcache-bin $BIN --logs "$OUT/logs/lookup" \
+        --rounds "${LOOKUP_ROUNDS:-3}" --contenders "${LOOKUP_CONTENDERS:-lmcache_adp,fs_native,null}" \
+        ${LOOKUP_ARGS:-} --lmcache-bin $BIN --logs "$OUT/logs/lookup" \
         --out "$OUT/lookup_under_load-h200"; echo "lookup rc=$?"
       rm -rf "$D/lookup" ;;
     matrix)
