@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,10 @@ class PresenceTable:
         self._cells[hole] = EMPTY
         self._live -= 1
 
+    @property
+    def empty(self) -> bool:
+        return not self._live and not self.left_out
+
     def read_only_fd(self) -> int:
         """A new fd of the table that cannot be mapped writable; the caller closes it."""
         return os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
@@ -117,11 +122,14 @@ class PresenceTable:
 
 
 class Presence:
-    """Every tenant's table, made at the first key or session of that tenant. Thread-safe."""
+    """Every tenant's table, made at the first key or session of that tenant and dropped once
+    it holds no key and no session maps it, so tables are bounded by what the card holds and
+    by the sessions open. Thread-safe."""
 
     def __init__(self, slots: int = SLOTS_MIN) -> None:
         self._slots = slots
         self._tables: dict[str, PresenceTable] = {}
+        self._shared: Counter[str] = Counter()  # sessions mapping each tenant's table
         self._lock = threading.Lock()
 
     def added(self, tenant: str, key: str) -> None:
@@ -131,12 +139,28 @@ class Presence:
     def removed(self, tenant: str, key: str) -> None:
         with self._lock:
             self._table(tenant).remove(key)
+            self._drop_if_unused(tenant)
 
     def share(self, tenant: str) -> tuple[int, int]:
-        """A read-only fd of ``tenant``'s table (the caller closes it) and its cell count."""
+        """A read-only fd of ``tenant``'s table (the caller closes it) and its cell count, for
+        a session, which calls ``release`` when it ends."""
         with self._lock:
             table = self._table(tenant)
-            return table.read_only_fd(), table.slots
+            fd = table.read_only_fd()
+            self._shared[tenant] += 1
+            return fd, table.slots
+
+    def release(self, tenant: str) -> None:
+        with self._lock:
+            self._shared[tenant] -= 1
+            if self._shared[tenant] <= 0:
+                del self._shared[tenant]
+            self._drop_if_unused(tenant)
+
+    def tenants(self) -> list[str]:
+        """The tenants that have a table now."""
+        with self._lock:
+            return sorted(self._tables)
 
     def close(self) -> None:
         with self._lock:
@@ -149,3 +173,9 @@ class Presence:
         if table is None:
             table = self._tables[tenant] = PresenceTable(self._slots)
         return table
+
+    def _drop_if_unused(self, tenant: str) -> None:
+        table = self._tables.get(tenant)
+        if table is not None and table.empty and not self._shared[tenant]:
+            del self._tables[tenant]
+            table.close()

@@ -87,6 +87,7 @@ class Session:
         self._scheduler = scheduler
         self._on_close = on_close
         self._memfd, mapping = create_shared(layout)
+        self._presence = presence
         self._presence_fd, self._presence_slots = presence.share(tenant) if presence else (-1, 0)
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
@@ -170,6 +171,8 @@ class Session:
             self._closed = True
         self.fold_lookups()
         self._close_memfd()
+        if self._presence is not None:
+            self._presence.release(self.tenant)
         self._scheduler.drop_session(self.session_id)
         self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
         self._sock.close()

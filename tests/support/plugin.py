@@ -7,7 +7,7 @@ import numpy as np
 from adp_gateway.format import key_hash
 from adp_wire import fragmenter
 from lmcache_adp import ADPConnector
-from tests.support import Gateway, wait_for_future, wait_until
+from tests.support import Gateway, session_resources, wait_for_future, wait_until
 
 
 def objects(count: int, size: int, seed: int = 0) -> list[bytearray]:
@@ -29,14 +29,17 @@ def connected(connector: ADPConnector, timeout_s: float = 20) -> None:
 
 
 def make_tenant_table(gateway: Gateway) -> None:
-    """Connect once and leave, so the gateway has made the tenant's presence table (one per
-    tenant, kept for the gateway's life) before a test counts the fds its sessions hold."""
+    """Store one object through a plugin that then leaves, so the gateway has made the tenant's
+    presence table, which it keeps while the tenant holds a key, before a test counts the fds
+    its sessions hold."""
     connector = ADPConnector(**gateway.adapter_params())
     try:
         connected(connector)
+        stored = connector.submit_batch_set(["tenant-table"], [memoryview(bytearray(4096))])
+        assert wait_for_future(connector, stored)[1], "the object that keeps the table"
     finally:
         connector.close()
-    wait_until(lambda: " closed: " in gateway.log(), 10, "the session to end")
+    wait_until(lambda: session_resources(gateway)[1] == 0, 10, "the session's memory to be freed")
 
 
 Objects = dict[str, bytes]

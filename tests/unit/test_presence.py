@@ -164,3 +164,31 @@ def test_a_table_is_sized_for_the_card() -> None:
     assert slots_for(0) == SLOTS_MIN
     assert slots_for(2**40) == 2**24 == SLOTS_MAX  # 1 TiB: half full with 128 KiB objects
     assert slots_for(2**34) == 2**18
+
+
+def test_a_table_lasts_while_its_tenant_holds_a_key_or_a_session_maps_it() -> None:
+    """Tables are bounded by what the card holds and the sessions open: one that holds no key
+    goes when its last session ends, and one whose last key goes while no session maps it goes
+    then; a session still mapping a table keeps it (a new one would not be the one it reads)."""
+    presence = Presence()
+    try:
+        fd, _ = presence.share("idle")
+        os.close(fd)
+        presence.added("busy", "k")
+        assert presence.tenants() == ["busy", "idle"]
+        presence.release("idle")
+        assert presence.tenants() == ["busy"]
+        presence.removed("busy", "k")
+        assert presence.tenants() == []
+
+        fd, slots = presence.share("t")
+        view = PresenceView(fd, slots)
+        os.close(fd)
+        presence.added("t", "k")
+        presence.removed("t", "k")
+        presence.added("t", "k2")  # while the session maps it, the same table takes new keys
+        assert view.find(["k", "k2"]) == [False, True]
+        presence.release("t")
+        assert presence.tenants() == ["t"]  # it holds k2
+    finally:
+        presence.close()
