@@ -262,6 +262,7 @@ VALID_WELCOME: dict[str, Any] = {
     "object_bytes_max": 2**20,
     "fragment_bytes": 2**20,
     "l1_attached": 0,
+    "presence_slots": 0,
 }
 
 
