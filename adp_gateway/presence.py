@@ -14,6 +14,7 @@ import mmap
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -61,7 +62,35 @@ class PresenceTable:
 
     def add(self, key: str) -> None:
         """A key the tenant did not hold before."""
-        wanted = fingerprint(key)
+        self._add(fingerprint(key))
+
+    def load(self, keys: Iterable[str]) -> None:
+        """Keys the tenant held before this table was made (a recovery), placed all at once:
+        the cells linear probing gives keys sorted by home cell, in a few numpy passes rather
+        than a probe loop per key. Where that cannot be done (a table not empty, too many keys,
+        a run that would leave a key beyond PROBES_MAX) each key is added on its own."""
+        wanted = np.unique(np.fromiter(map(fingerprint, keys), np.uint64))
+        if self._live or self.left_out or len(wanted) >= self.slots * LOAD_MAX:
+            self._add_each(wanted)
+            return
+        home = (wanted & np.uint64(self._mask)).astype(np.int64)
+        order = np.argsort(home, kind="stable")
+        wanted, home = wanted[order], home[order]
+        steps = np.arange(len(wanted))
+        cell = np.maximum.accumulate(home - steps) + steps  # max(home, previous cell + 1)
+        inside = cell < self.slots  # the rest wrap around to the table's start: added below
+        if np.any(cell[inside] - home[inside] >= PROBES_MAX):
+            self._add_each(wanted)
+            return
+        self._cells[cell[inside]] = wanted[inside]
+        self._live += int(inside.sum())
+        self._add_each(wanted[~inside])
+
+    def _add_each(self, fingerprints: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
+        for wanted in map(int, fingerprints):
+            self._add(wanted)
+
+    def _add(self, wanted: int) -> None:
         home = wanted & self._mask
         for step in range(PROBES_MAX if self._live < self.slots * LOAD_MAX else 0):
             cell = (home + step) & self._mask
@@ -140,6 +169,10 @@ class Presence:
         with self._lock:
             self._table(tenant).remove(key)
             self._drop_if_unused(tenant)
+
+    def recovered(self, tenant: str, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._table(tenant).load(keys)
 
     def share(self, tenant: str) -> tuple[int, int]:
         """A read-only fd of ``tenant``'s table (the caller closes it) and its cell count, for

@@ -192,3 +192,45 @@ def test_a_table_lasts_while_its_tenant_holds_a_key_or_a_session_maps_it() -> No
         assert presence.tenants() == ["t"]  # it holds k2
     finally:
         presence.close()
+
+
+@pytest.mark.parametrize("count", [0, 1, 300, 700])
+def test_a_recovery_places_its_keys_as_adding_each_would(count: int) -> None:
+    """``load`` (a recovery's keys at once) answers exactly as adding them one by one: runs
+    that wrap around the end included (the densest table here holds 700 keys in 1,024 cells),
+    and so it does after removals."""
+    keys = [f"r{i}" for i in range(count)]
+    if count:  # and a run that starts in the last cell, so it wraps around
+        keys += colliding(6, SLOTS_MIN, SLOTS_MIN - 1)
+    loaded, added = PresenceTable(SLOTS_MIN), PresenceTable(SLOTS_MIN)
+    try:
+        loaded.load(keys)
+        for key in keys:
+            added.add(key)
+        probe = [*keys, *(f"absent{i}" for i in range(200))]
+
+        def answers(table: PresenceTable) -> list[list[bool] | None]:
+            view = view_of(table)
+            return [view.find([key]) for key in probe]
+
+        assert answers(loaded) == answers(added)
+        assert sum(answer == [True] for answer in answers(loaded)) >= len(keys) - 2
+        for key in keys[::3]:
+            loaded.remove(key)
+            added.remove(key)
+        assert answers(loaded) == answers(added)
+    finally:
+        loaded.close()
+        added.close()
+
+
+def test_a_recovery_into_a_crowded_table_leaves_keys_out_as_adding_does() -> None:
+    run = colliding(PROBES_MAX + 3, SLOTS_MIN, 9)
+    table = PresenceTable(SLOTS_MIN)
+    try:
+        table.load(run)
+        view = view_of(table)
+        assert not view.complete and table.left_out == 3
+        assert sum(view.find([key]) == [True] for key in run) == PROBES_MAX
+    finally:
+        table.close()

@@ -132,8 +132,7 @@ class _Objects:
         self._count = sum(len(objects) for objects in self._tenants.values())
         if self._holdings is not None:
             for tenant, objects in self._tenants.items():
-                for key in objects:
-                    self._holdings.added(tenant, key)
+                self._holdings.recovered(tenant, objects)
 
     def of(self, tenant: str) -> dict[str, Manifest]:
         return self._tenants.get(tenant, _EMPTY)
