@@ -22,6 +22,7 @@ from typing import Any
 from tests.support import BIN, Gateway, Process, wait_until
 from tests.support.crash_model import FRAGMENT_BYTES, Model, apply, key_name
 from tests.support.soak_sampling import (
+    FDS_PER_PRESENCE_TABLE,
     SHMEM_DRAINED_MIB_MAX,
     Lifetime,
     Sampler,
@@ -275,6 +276,7 @@ class Soak:
             return (
                 sample is not None
                 and sample.fds == self.fds_idle
+                and sample.table_fds <= FDS_PER_PRESENCE_TABLE  # its clients share one tenant
                 and sample.shmem_kib <= SHMEM_DRAINED_MIB_MAX * 1024
             )
 
@@ -297,7 +299,8 @@ class Soak:
         assert sample is not None
         return (
             f"with all clients killed, {closed} of {connected} sessions closed, "
-            f"{sample.fds} open fds (idle: {self.fds_idle}), "
+            f"{sample.fds} open fds (idle: {self.fds_idle}) and {sample.table_fds} of presence "
+            f"tables (at most {FDS_PER_PRESENCE_TABLE}: one tenant), "
             f"RssShmem {sample.shmem_kib} KiB (at most {SHMEM_DRAINED_MIB_MAX} MiB); "
             f"the fds: {fd_listing(self.lifetime.pid)}"
         )

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_INTERVAL_S = 0.25
+# A tenant's presence table (adp_gateway/presence.py) holds two fds (its memfd, and the dup
+# Python's mmap keeps) for as long as the tenant holds a key: the gateway's, not a session's.
+# They are counted apart from the other fds, and at most this many per tenant.
+FDS_PER_PRESENCE_TABLE = 2
+PRESENCE_TABLE = "/memfd:adp-presence"
 # A session holds its socket, two eventfds and its mapping (Python's mmap keeps a dup of the
 # memfd), and the memfd itself as well during its handshake.
 FDS_PER_SESSION_MAX = 5
@@ -40,8 +45,9 @@ class Sample:
     t_s: float  # since the lifetime began
     rss_kib: int  # VmRSS
     shmem_kib: int  # RssShmem: the sessions' shared memory the gateway has touched
-    fds: int
+    fds: int  # but the presence tables'
     phase: str  # "run": clients working; "drain": clients killed; "end": before the kill
+    table_fds: int = 0  # the presence tables'
 
     @property
     def private_kib(self) -> int:
@@ -52,14 +58,25 @@ def read_sample(pid: int, since: float, phase: str) -> Sample | None:
     """One sample of process ``pid``, or None once it is gone (or a zombie)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        targets = list(_fd_targets(pid))
     except (FileNotFoundError, ProcessLookupError):
         return None
     values = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     if "VmRSS" not in values:
         return None
     rss, shmem = (int(values[name].split()[0]) for name in ("VmRSS", "RssShmem"))
-    return Sample(round(time.monotonic() - since, 3), rss, shmem, fds, phase)
+    tables = sum(target.startswith(PRESENCE_TABLE) for target in targets)
+    return Sample(
+        round(time.monotonic() - since, 3), rss, shmem, len(targets) - tables, phase, tables
+    )
+
+
+def _fd_targets(pid: int) -> Iterable[str]:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            yield os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile
+            continue
 
 
 def fd_listing(pid: int) -> str:
