@@ -106,25 +106,28 @@ class Metrics:
         name = OP_NAMES[op]
         if status == Status.OK:
             found = "ok" if op == Op.SET else "hit"
-            self._labelled(self.keys, name, found, tenant).inc(hits)
-            if keys > hits:
-                self._labelled(self.keys, name, "miss", tenant).inc(keys - hits)
+            self._count_keys(name, tenant, keys, hits, found)
             outcome = found if hits else "miss"
         else:
             outcome = OUTCOMES.get(status, "failed")
             self._labelled(self.keys, name, outcome, tenant).inc(keys)
+            self._count_total(name, keys)
         self._labelled(self.ops, name, outcome, tenant).inc()
         self._labelled(self.op_duration, name).observe(seconds)
-        with self._lock:
-            self.totals[f"{name}_keys"] += keys
 
     def looked_up(self, tenant: str, keys: int, hits: int) -> None:
         """Keys the plugin looked up in the presence table, ``hits`` of them found."""
-        self._labelled(self.keys, OP_NAMES[Op.EXISTS], "hit", tenant).inc(hits)
+        self._count_keys(OP_NAMES[Op.EXISTS], tenant, keys, hits, "hit")
+
+    def _count_keys(self, name: str, tenant: str, keys: int, hits: int, found: str) -> None:
+        self._labelled(self.keys, name, found, tenant).inc(hits)
         if keys > hits:
-            self._labelled(self.keys, OP_NAMES[Op.EXISTS], "miss", tenant).inc(keys - hits)
+            self._labelled(self.keys, name, "miss", tenant).inc(keys - hits)
+        self._count_total(name, keys)
+
+    def _count_total(self, name: str, keys: int) -> None:
         with self._lock:
-            self.totals["lookup_keys"] += keys
+            self.totals[f"{name}_keys"] += keys
 
     def moved(self, direction: str, tenant: str, nbytes: int) -> None:
         """Object bytes ``read`` (a load hit) or ``written`` (a store)."""
