@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.presence import slots_for as presence_slots_for
-from adp_wire.presence import PROBES_MAX, fingerprint
+from adp_wire.presence import PROBES_MAX
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
 from tests.support.faulty_gateway import FaultyGateway
 from tests.support.plugin import connected, databases_of, keyed_objects
+from tests.support.presence import keys_at_home
 
 pytestmark = pytest.mark.integration
 MiB = 2**20
@@ -144,19 +145,6 @@ def test_a_lookup_is_answered_while_a_stopped_gateway_holds_the_stores(
     assert all(plugin.wait(f)[1] is True for f in stores)
 
 
-def crowding(count: int, slots: int) -> dict[str, bytes]:
-    """``count`` small objects whose keys share one home cell of a presence table of ``slots``
-    cells: more than PROBES_MAX of them leave the table unable to answer for absent keys."""
-    found: dict[str, bytes] = {}
-    i = 0
-    while len(found) < count:
-        key = f"crowd-{i}"
-        if fingerprint(key) & (slots - 1) == 0:
-            found[key] = bytes([i % 256]) * 4096
-        i += 1
-    return found
-
-
 def test_a_lookup_the_table_cannot_answer_ends_within_its_own_timeout_while_the_gateway_is_stopped(
     gateway: Gateway, made: list[Plugin]
 ) -> None:
@@ -165,7 +153,9 @@ def test_a_lookup_the_table_cannot_answer_ends_within_its_own_timeout_while_the_
     own deadline."""
     plugin = Plugin(gateway, op_timeout_s=60.0, lookup_timeout_s=1.0)
     made.append(plugin)
-    crowd = crowding(PROBES_MAX + 1, presence_slots_for(GATEWAY_CAPACITY))
+    # More keys at one home cell of the tenant's table than a reader probes: one is left out.
+    homes = keys_at_home(PROBES_MAX + 1, presence_slots_for(GATEWAY_CAPACITY), 0, "crowd-")
+    crowd = {key: bytes([i]) * 4096 for i, key in enumerate(homes)}
     assert plugin.wait(plugin.store(crowd))[3] == [True] * len(crowd)
     gateway.send_signal(signal.SIGSTOP)
     try:

@@ -15,7 +15,8 @@ import pytest
 
 from adp_gateway.presence import LOAD_MAX, Presence, PresenceTable, slots_for
 from adp_wire.errors import ProtocolError
-from adp_wire.presence import PROBES_MAX, SLOTS_MAX, SLOTS_MIN, PresenceView, fingerprint
+from adp_wire.presence import PROBES_MAX, SLOTS_MAX, SLOTS_MIN, PresenceView
+from tests.support.presence import keys_at_home
 
 
 @pytest.fixture
@@ -31,18 +32,6 @@ def view_of(table: PresenceTable) -> PresenceView:
         return PresenceView(fd, table.slots)
     finally:
         os.close(fd)
-
-
-def colliding(count: int, slots: int, home: int) -> list[str]:
-    """``count`` keys whose home cell is ``home``: one run of ``count`` cells."""
-    found: list[str] = []
-    i = 0
-    while len(found) < count:
-        key = f"c{i}"
-        if fingerprint(key) & (slots - 1) == home:
-            found.append(key)
-        i += 1
-    return found
 
 
 def test_it_answers_what_the_tenant_holds_through_any_adds_and_removes(
@@ -71,7 +60,7 @@ def test_a_key_removed_from_the_middle_of_a_wrapping_run_leaves_the_rest_findabl
 ) -> None:
     """A run that starts at the last cell wraps to the first; removing any key of it shifts
     the later ones back, and none is lost."""
-    run = colliding(6, table.slots, table.slots - 1)
+    run = keys_at_home(6, table.slots, table.slots - 1)
     view = view_of(table)
     for key in run:
         table.add(key)
@@ -87,7 +76,7 @@ def test_a_key_without_a_cell_makes_the_table_incomplete_until_it_is_gone(
 ) -> None:
     """More keys at one home than a reader probes: the extra ones are left out, and the reader
     then says it cannot answer for a key it does not find (the plugin asks the gateway)."""
-    run = colliding(PROBES_MAX + 2, table.slots, 5)
+    run = keys_at_home(PROBES_MAX + 2, table.slots, 5)
     view = view_of(table)
     for key in run:
         table.add(key)
@@ -201,7 +190,7 @@ def test_a_recovery_places_its_keys_as_adding_each_would(count: int) -> None:
     and so it does after removals."""
     keys = [f"r{i}" for i in range(count)]
     if count:  # and a run that starts in the last cell, so it wraps around
-        keys += colliding(6, SLOTS_MIN, SLOTS_MIN - 1)
+        keys += keys_at_home(6, SLOTS_MIN, SLOTS_MIN - 1)
     loaded, added = PresenceTable(SLOTS_MIN), PresenceTable(SLOTS_MIN)
     try:
         loaded.load(keys)
@@ -225,7 +214,7 @@ def test_a_recovery_places_its_keys_as_adding_each_would(count: int) -> None:
 
 
 def test_a_recovery_into_a_crowded_table_leaves_keys_out_as_adding_does() -> None:
-    run = colliding(PROBES_MAX + 3, SLOTS_MIN, 9)
+    run = keys_at_home(PROBES_MAX + 3, SLOTS_MIN, 9)
     table = PresenceTable(SLOTS_MIN)
     try:
         table.load(run)
