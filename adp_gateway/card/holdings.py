@@ -18,3 +18,19 @@ class Holdings(Protocol):
     def added(self, tenant: str, key: str) -> None: ...
 
     def removed(self, tenant: str, key: str) -> None: ...
+
+
+class NoHoldings:
+    """Holdings nobody hears: for a card made without a gateway (tests, tools)."""
+
+    def recovered(self, tenant: str, keys: Iterable[str]) -> None:
+        pass
+
+    def added(self, tenant: str, key: str) -> None:
+        pass
+
+    def removed(self, tenant: str, key: str) -> None:
+        pass
+
+
+NO_HOLDINGS = NoHoldings()

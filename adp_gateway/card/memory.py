@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings
+from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import StorageError
 from adp_wire.checksum import checksum
@@ -45,7 +46,7 @@ class MemoryCard(Card):
         capacity_bytes: int,
         fragment_bytes: int,
         quotas: Mapping[str, int] | None = None,
-        holdings: Holdings | None = None,
+        holdings: Holdings = NO_HOLDINGS,
     ) -> None:
         """``quotas``: tenant -> the bytes it may hold; the others share what is left."""
         assert databases > 0 and fragment_bytes > 0
@@ -105,8 +106,7 @@ class MemoryCard(Card):
             self._make_room(self._pool(tenant), stored_bytes)
             self._values[(tenant, key)] = value
             self._add_used(self._pool(tenant), stored_bytes)
-            if self._holdings is not None:
-                self._holdings.added(tenant, key)
+            self._holdings.added(tenant, key)
             self._counts["stores"] += 1
 
     def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
@@ -204,8 +204,7 @@ class MemoryCard(Card):
         if value is None:
             return False
         self._add_used(self._pool(object_id[0]), -value.stored_bytes)
-        if self._holdings is not None:
-            self._holdings.removed(*object_id)
+        self._holdings.removed(*object_id)
         return True
 
     def _add_used(self, pool: str, delta: int) -> None:

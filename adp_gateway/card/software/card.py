@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Wanted
+from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.card.software.catalog import Catalog
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
@@ -45,7 +46,7 @@ class SoftwareCard(Card):
         sync: bool,
         on_written: Callable[[], None] | None = None,
         prepare: bool = False,
-        holdings: Holdings | None = None,
+        holdings: Holdings = NO_HOLDINGS,
     ) -> None:
         """``sync``: a store returns once an fdatasync covers it (else once written).
         ``on_written`` is called by a store's thread when its writes have landed, before it

@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 
-from adp_gateway.card.holdings import Holdings
+from adp_gateway.card.holdings import NO_HOLDINGS, Holdings
 from adp_gateway.card.software.index import Index, Manifest, ObjectId
 from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class Catalog:
-    def __init__(self, region_log: RegionLog, holdings: Holdings | None = None) -> None:
+    def __init__(self, region_log: RegionLog, holdings: Holdings = NO_HOLDINGS) -> None:
         self._log = region_log
         self.index = Index(holdings)
         self._seq = itertools.count(1)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from adp_gateway.card.holdings import Holdings
+from adp_gateway.card.holdings import NO_HOLDINGS, Holdings
 from adp_gateway.card.software.regions import Location
 
 ObjectId = tuple[str, str]  # (tenant, key)
@@ -29,7 +29,7 @@ class Index:
     """Objects are kept per tenant (tenant -> key -> manifest), so a lookup of many keys is one
     dict probe per key, without building a (tenant, key) tuple for each."""
 
-    def __init__(self, holdings: Holdings | None = None) -> None:
+    def __init__(self, holdings: Holdings = NO_HOLDINGS) -> None:
         self._lock = threading.Lock()
         self._objects = _Objects(holdings)
         # Region -> the objects with a fragment there. Built at the first reclaim after a
@@ -118,7 +118,7 @@ class Index:
 class _Objects:
     """A mapping of (tenant, key) to manifest, stored as tenant -> key -> manifest."""
 
-    def __init__(self, holdings: Holdings | None) -> None:
+    def __init__(self, holdings: Holdings) -> None:
         self._tenants: dict[str, dict[str, Manifest]] = {}
         self._count = 0
         self._holdings = holdings
@@ -130,9 +130,8 @@ class _Objects:
         assert not self._count
         self._tenants = {tenant: objects for tenant, objects in tenants.items() if objects}
         self._count = sum(len(objects) for objects in self._tenants.values())
-        if self._holdings is not None:
-            for tenant, objects in self._tenants.items():
-                self._holdings.recovered(tenant, objects)
+        for tenant, objects in self._tenants.items():
+            self._holdings.recovered(tenant, objects)
 
     def of(self, tenant: str) -> dict[str, Manifest]:
         return self._tenants.get(tenant, _EMPTY)
@@ -144,8 +143,7 @@ class _Objects:
         objects = self._tenants.setdefault(object_id[0], {})
         if object_id[1] not in objects:
             self._count += 1
-            if self._holdings is not None:
-                self._holdings.added(*object_id)
+            self._holdings.added(*object_id)
         objects[object_id[1]] = manifest
 
     def items(self) -> Iterator[tuple[ObjectId, Manifest]]:
@@ -156,8 +154,7 @@ class _Objects:
     def __delitem__(self, object_id: ObjectId) -> None:
         del self._tenants[object_id[0]][object_id[1]]
         self._count -= 1
-        if self._holdings is not None:
-            self._holdings.removed(*object_id)
+        self._holdings.removed(*object_id)
 
 
 _EMPTY: dict[str, Manifest] = {}
