@@ -18,6 +18,10 @@ the way vLLM does):
   through to L2, LOOKUPs the resident prompt up to ``--lookups-per-store`` times. Only lookups
   issued while the server reports pending L2 writes are made (and counted as busy).
 
+Contender ``null_copy`` (not in the default list) is ``null`` that also copies each store's
+buffers with our plugin's own copier, on its default four threads: what reading L1 inside
+LMCache's process costs a lookup, apart from the rest of our plugin and gateway.
+
 Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server's L1 in a
 shared-memory segment (``--shm-name``), where the plugin stores zero-copy: the gateway writes
 from L1, and no prompt is copied into the session's window.
@@ -190,8 +194,9 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
             spec = gateway.l2_adapter_json(op_timeout_s=60.0)
-        elif name == "null":
-            spec = json.dumps(NULL_ADAPTER | {"adapter_params": {"store_gbps": args.null_gbps}})
+        elif name in ("null", "null_copy"):
+            params = {"store_gbps": args.null_gbps, "copy_threads": 4 if name == "null_copy" else 0}
+            spec = json.dumps(NULL_ADAPTER | {"adapter_params": params})
         else:
             (workdir / "l2").mkdir()
             spec = json.dumps(

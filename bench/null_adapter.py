@@ -10,6 +10,12 @@ adapter to remove. bench/lookup_under_load.py runs it as the ``null`` contender.
 
     --l2-adapter '{"type":"native_plugin","module_path":"bench.null_adapter",
                    "class_name":"NullConnector","adapter_params":{"store_gbps":1.5}}'
+
+With ``copy_threads`` > 0 (the ``null_copy`` contender) it also reads each store's buffers as our
+plugin's copy path does: the plugin's own ``Copier`` copies them, in the same slices on as many
+threads, into a scratch ring the size of a session's window, and a store completes no sooner than
+its copy. That isolates what reading L1 inside LMCache's process costs LMCache's lookups from
+everything else our plugin and gateway do.
 """
 
 from __future__ import annotations
@@ -19,12 +25,21 @@ import itertools
 import threading
 import time
 
+import numpy as np
+
 from lmcache_adp.completions import Completion, CompletionQueue
+from lmcache_adp.copier import Copier
+
+SCRATCH_BYTES = 512 * 2**20  # the gateway's default session window
 
 
 class NullConnector:
-    def __init__(self, store_gbps: float = 1.5, **_: object) -> None:
+    def __init__(self, store_gbps: float = 1.5, copy_threads: int = 0, **_: object) -> None:
         self._bytes_per_s = float(store_gbps) * 1e9
+        self._copier = Copier(int(copy_threads)) if int(copy_threads) > 0 else None
+        self._scratch = memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8))
+        self._scratch_at = 0  # where the next copy lands in the scratch ring
+        self._copying: dict[int, int] = {}  # future id -> buffers still being copied
         self._completions = CompletionQueue()
         self._future_ids = itertools.count(1)
         self._stored: set[str] = set()
@@ -45,8 +60,29 @@ class NullConnector:
             start = max(time.monotonic(), self._disk_free_at)
             self._disk_free_at = start + nbytes / self._bytes_per_s
             heapq.heappush(self._due, (self._disk_free_at, future_id, list(map(str, keys))))
+            if self._copier is not None:
+                self._copying[future_id] = len(memviews)
             self._wake.notify()
+        if self._copier is not None:
+            for memview in memviews:
+                self._copy(future_id, memview.cast("B"))
         return future_id
+
+    def _copy(self, future_id: int, source: memoryview) -> None:
+        """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path)."""
+        assert self._copier is not None
+        size = min(source.nbytes, len(self._scratch))
+        if self._scratch_at + size > len(self._scratch):
+            self._scratch_at = 0
+        destination = self._scratch[self._scratch_at : self._scratch_at + size]
+        self._scratch_at += size
+
+        def copied(ok: bool) -> None:
+            with self._wake:
+                self._copying[future_id] -= 1
+                self._wake.notify()
+
+        self._copier.copy(destination, source[:size], copied)
 
     def submit_batch_get(self, keys: list[str], memviews: list[memoryview]) -> int:
         return self._answer([False] * len(keys))
@@ -70,6 +106,8 @@ class NullConnector:
             self._closing = True
             self._wake.notify()
         self._thread.join()
+        if self._copier is not None:
+            self._copier.close()
         self._completions.close()
 
     def _answer(self, per_key: list[bool]) -> int:
@@ -84,6 +122,10 @@ class NullConnector:
                     self._wake.wait()
                     continue
                 due_at, future_id, keys = self._due[0]
+                if self._copying.get(future_id, 0) > 0:  # its copy is still running
+                    self._wake.wait()
+                    continue
+                self._copying.pop(future_id, None)
                 if (wait_s := due_at - time.monotonic()) > 0:
                     self._wake.wait(wait_s)
                     continue
