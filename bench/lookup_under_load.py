@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from bench import gateways
 from bench.machine import machine
@@ -181,8 +182,12 @@ def client_main(args: argparse.Namespace) -> int:
 # The driver --------------------------------------------------------------------------------
 
 
-def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
-    """One round of one contender on new storage: its client's lookup latencies."""
+def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> dict[str, Any]:
+    """One round of one contender on new storage: its client's lookup latencies. Ours may
+    carry adapter params: ``lmcache_adp@copy_threads=1;op_timeout_s=30``."""
+    name, _, rest = contender.partition("@")
+    pairs = (setting.partition("=") for setting in rest.split(";") if setting)
+    plugin_params = {key: yaml.safe_load(value) for key, _, value in pairs}
     workdir.mkdir(parents=True)
     gateway = None
     sockdir = short_tmpdir()
@@ -193,7 +198,7 @@ def run_contender(args: argparse.Namespace, name: str, workdir: Path) -> dict[st
             error = gateways.start(gateway, module=True)
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
-            spec = gateway.l2_adapter_json(op_timeout_s=60.0)
+            spec = gateway.l2_adapter_json(**{"op_timeout_s": 60.0, **plugin_params})
         elif name in ("null", "null_copy"):
             params = {"store_gbps": args.null_gbps, "copy_threads": 4 if name == "null_copy" else 0}
             spec = json.dumps(NULL_ADAPTER | {"adapter_params": params})
