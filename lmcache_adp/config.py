@@ -69,13 +69,6 @@ class ADPParams(Settings):
         "object is split over them); null: half the CPUs LMCache may run on, 1 to 4, so copies "
         "never take every core from LMCache's own threads and the link's",
     )
-    store_copy_threads: int = Field(
-        default=1,
-        ge=1,
-        description="of the copy threads, how many may copy stores into the window at once "
-        "(loads' copies may use them all): a store's copy only has to keep ahead of the disk, "
-        "and bytes copied inside LMCache's process slow its lookups while they are copied",
-    )
     pending_store_bytes_max: ByteSize = Field(
         default=256 * 2**20,
         description="bytes of stores waiting for room in the gateway's session; beyond it new "

@@ -33,11 +33,9 @@ def _always() -> bool:
 
 
 class Copier:
-    def __init__(self, threads: int, bulk_threads: int | None = None) -> None:
-        """``bulk_threads``: how many of the ``threads`` may run copies that are not urgent
-        (stores') and checksums at once; all of them by default."""
+    def __init__(self, threads: int) -> None:
         self._threads = threads
-        self._pool = Workers(threads, "adp-copy", bulk_threads)
+        self._pool = Workers(threads, "adp-copy")
 
     def copy(
         self,

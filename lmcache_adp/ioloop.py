@@ -96,8 +96,7 @@ class IOLoop:
         self._lanes = Lanes(shared.params)
         self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
         self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
-        params = shared.params
-        self._copier = Copier(config.copy_threads(params), params.store_copy_threads)
+        self._copier = Copier(config.copy_threads(shared.params))
         self._preparing: deque[Request] = deque()  # stores being copied, in submission order
         self._posted = False  # submissions since the last doorbell
 

@@ -1,10 +1,7 @@
 """A fixed pool of threads that runs urgent jobs before the others: the copier's threads, on which
 a load's copy into L1 (LMCache is waiting for it) never queues behind the copies of stores.
 
-Jobs of one kind run in the order they came, and at most ``bulk_threads`` threads run jobs that
-are not urgent at once: a store's copy only has to keep ahead of the disk, and every byte copied
-at once inside LMCache's process slows LMCache's own threads (bench/results/lookup-copy/). An
-urgent job may take any thread. ``close`` lets every queued job run, then joins.
+Jobs of one kind run in the order they came. ``close`` lets every queued job run, then joins.
 """
 
 from __future__ import annotations
@@ -19,11 +16,9 @@ Job = Callable[[], None]
 
 
 class Workers:
-    def __init__(self, threads: int, name: str, bulk_threads: int | None = None) -> None:
+    def __init__(self, threads: int, name: str) -> None:
         self._urgent: deque[Job] = deque()
         self._bulk: deque[Job] = deque()
-        self._bulk_threads = threads if bulk_threads is None else max(1, bulk_threads)
-        self._bulk_running = 0
         self._ready = threading.Condition()
         self._closing = False
         self._threads = [
@@ -49,28 +44,18 @@ class Workers:
             thread.join()
 
     def _run(self) -> None:
-        while (taken := self._take()) is not None:
-            job, bulk = taken
+        while (job := self._take()) is not None:
             try:
                 job()
             except Exception:  # a job reports its own failures; this only keeps the thread
                 log.exception("a job on the plugin's worker threads raised")
-            if bulk:  # this thread goes back to _take: it runs the next bulk job if one waits
-                with self._ready:
-                    self._bulk_running -= 1
 
-    def _take(self) -> tuple[Job, bool] | None:
-        """The next job and whether it is bulk; None once closing with nothing left."""
+    def _take(self) -> Job | None:
         with self._ready:
-            while True:
-                if self._urgent:
-                    return self._urgent.popleft(), False
-                if self._bulk and self._bulk_running < self._bulk_threads:
-                    self._bulk_running += 1
-                    job = self._bulk.popleft()
-                    if self._closing and not self._bulk:
-                        self._ready.notify_all()  # threads kept waiting for a bulk turn may end
-                    return job, True
-                if self._closing and not self._bulk:
-                    return None
+            while not (self._urgent or self._bulk or self._closing):
                 self._ready.wait()
+            if self._urgent:
+                return self._urgent.popleft()
+            if self._bulk:
+                return self._bulk.popleft()
+            return None

@@ -11,7 +11,6 @@ import os
 import random
 import select
 import threading
-import time
 
 import msgpack
 import numpy as np
@@ -163,29 +162,3 @@ def test_urgent_jobs_overtake_queued_ones_and_close_runs_every_job() -> None:
     gate.set()
     workers.close()
     assert order == ["load", "store-1", "store-2"]
-
-
-def test_bulk_jobs_take_at_most_their_threads_and_urgent_ones_any() -> None:
-    workers = Workers(3, "test", bulk_threads=1)
-    release = threading.Event()
-    lock = threading.Lock()
-    running = {"now": 0, "most": 0}
-    urgent_ran = threading.Event()
-
-    def bulk() -> None:
-        with lock:
-            running["now"] += 1
-            running["most"] = max(running["most"], running["now"])
-        release.wait(5)
-        with lock:
-            running["now"] -= 1
-
-    for _ in range(3):
-        workers.submit(bulk)
-    workers.submit(urgent_ran.set, urgent=True)  # a free thread takes it while a bulk job runs
-    assert urgent_ran.wait(5)
-    time.sleep(0.05)  # room for a second bulk job to start, were the bound not kept
-    assert running["most"] == 1
-    release.set()
-    workers.close()
-    assert running == {"now": 0, "most": 1}
