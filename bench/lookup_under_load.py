@@ -19,7 +19,7 @@ the way vLLM does):
   issued while the server reports pending L2 writes are made (and counted as busy).
 
 Contender ``null_copy`` (not in the default list) is ``null`` that also copies each store's
-buffers with our plugin's own copier, on its default four threads: what reading L1 inside
+buffers with our plugin's own copier, on the plugin's default copy threads: what reading L1 inside
 LMCache's process costs a lookup, apart from the rest of our plugin and gateway.
 
 Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server's L1 in a
@@ -200,7 +200,7 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
                 raise RuntimeError(f"the gateway did not start: {error}")
             spec = gateway.l2_adapter_json(**{"op_timeout_s": 60.0, **plugin_params})
         elif name in ("null", "null_copy"):
-            params = {"store_gbps": args.null_gbps, "copy_threads": 4 if name == "null_copy" else 0}
+            params = {"store_gbps": args.null_gbps, "copy": name == "null_copy"}
             spec = json.dumps(NULL_ADAPTER | {"adapter_params": params})
         else:
             (workdir / "l2").mkdir()

@@ -11,11 +11,12 @@ adapter to remove. bench/lookup_under_load.py runs it as the ``null`` contender.
     --l2-adapter '{"type":"native_plugin","module_path":"bench.null_adapter",
                    "class_name":"NullConnector","adapter_params":{"store_gbps":1.5}}'
 
-With ``copy_threads`` > 0 (the ``null_copy`` contender) it also reads each store's buffers as our
+With ``copy: true`` (the ``null_copy`` contender) it also reads each store's buffers as our
 plugin's copy path does: the plugin's own ``Copier`` copies them, in the same slices on as many
-threads, into a scratch ring the size of a session's window, and a store completes no sooner than
-its copy. That isolates what reading L1 inside LMCache's process costs LMCache's lookups from
-everything else our plugin and gateway do.
+threads as the plugin takes by default (``copy_threads`` in lmcache_adp/config.py), into a
+scratch ring the size of a session's window, and a store completes no sooner than its copy. That
+isolates what reading L1 inside LMCache's process costs LMCache's lookups from everything else
+our plugin and gateway do.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 
 import numpy as np
 
+from lmcache_adp import config
 from lmcache_adp.completions import Completion, CompletionQueue
 from lmcache_adp.copier import Copier
 
@@ -34,9 +36,9 @@ SCRATCH_BYTES = 512 * 2**20  # the gateway's default session window
 
 
 class NullConnector:
-    def __init__(self, store_gbps: float = 1.5, copy_threads: int = 0, **_: object) -> None:
+    def __init__(self, store_gbps: float = 1.5, copy: bool = False, **_: object) -> None:
         self._bytes_per_s = float(store_gbps) * 1e9
-        self._copier = Copier(int(copy_threads)) if int(copy_threads) > 0 else None
+        self._copier = Copier(config.copy_threads(config.parse({}))) if copy else None
         self._scratch = memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8))
         self._scratch_at = 0  # where the next copy lands in the scratch ring
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
