@@ -184,7 +184,10 @@ def client_main(args: argparse.Namespace) -> int:
 
 def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> dict[str, Any]:
     """One round of one contender on new storage: its client's lookup latencies. Ours may
-    carry adapter params: ``lmcache_adp@copy_threads=1;op_timeout_s=30``."""
+    carry adapter params: ``lmcache_adp@copy_threads=1;op_timeout_s=30``; any contender an
+    environment variable for its server: ``null_copy!GLIBC_TUNABLES=glibc.cpu.x=1``."""
+    contender, _, variable = contender.partition("!")
+    server_env = dict([variable.split("=", 1)]) if variable else {}
     name, _, rest = contender.partition("@")
     pairs = (setting.partition("=") for setting in rest.split(";") if setting)
     plugin_params = {key: yaml.safe_load(value) for key, _, value in pairs}
@@ -210,7 +213,9 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
         l1_gb = -(-args.prompt_mib * (args.prompts + 2) // 1024) + 1
         # lmcache_adp_shm: L1 in a shared-memory segment, so the plugin's stores go zero-copy.
         shm = f"adp-lul-{os.getpid()}" if name == "lmcache_adp_shm" else None
-        server = LMCacheServer(workdir, spec, "", Path(args.lmcache_bin), l1_gb, shm).start()
+        server = LMCacheServer(
+            workdir, spec, "", Path(args.lmcache_bin), l1_gb, shm, server_env
+        ).start()
         try:
             out = workdir / "client.json"
             argv = [sys.executable, "-m", "bench.lookup_under_load", "client"]
@@ -353,9 +358,9 @@ def drive_main(args: argparse.Namespace) -> int:
         "rounds": {name: [] for name in contenders},
     }
     for round_number in range(args.rounds):
-        for name in contenders:  # interleaved: ours, fs_native, null, ours, fs_native...
-            try:
-                result = run_contender(args, name, directory / f"{name}-{round_number}")
+        for index, name in enumerate(contenders):  # interleaved: ours, fs_native, null, ours...
+            try:  # the directory's name is plain (a contender may carry "!VAR=value")
+                result = run_contender(args, name, directory / f"c{index}-{round_number}")
             except Exception as exc:  # recorded, and the other contenders still run
                 result = {"failed": f"{type(exc).__name__}: {exc}"[-1500:]}
             report["rounds"][name].append(result)

@@ -186,9 +186,11 @@ class LMCacheServer(Process):
         bin_dir: Path = BIN,
         l1_size_gb: int = 1,
         shm_name: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """``shm_name`` puts L1 in the shared-memory segment /dev/shm/NAME (``--shm-name``),
-        which the plugin's zero-copy path uses; without it L1 is private memory."""
+        which the plugin's zero-copy path uses; without it L1 is private memory. ``env`` is
+        added to the server's environment."""
         super().__init__("lmcache server", workdir / f"lmcache-server{tag}.log")
         self.l1_size_gb = l1_size_gb
         self.shm_name = shm_name
@@ -196,6 +198,7 @@ class LMCacheServer(Process):
         self.http_port = free_port()
         self.l2_adapter_json = l2_adapter_json
         self.bin_dir = bin_dir
+        self.env = env or {}
 
     def start(self) -> LMCacheServer:
         flags = {
@@ -211,7 +214,7 @@ class LMCacheServer(Process):
         if self.shm_name is not None:
             flags["--shm-name"] = self.shm_name
         # The plugin is imported from this checkout, whichever venv runs the server.
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         argv = [str(self.bin_dir / "lmcache"), "server"]
         for flag, value in flags.items():
             argv += [flag, value]
