@@ -17,14 +17,27 @@ threads as the plugin takes by default (``copy_threads`` in lmcache_adp/config.p
 scratch ring the size of a session's window, and a store completes no sooner than its copy. That
 isolates what reading L1 inside LMCache's process costs LMCache's lookups from everything else
 our plugin and gateway do.
+
+With ``copy: "process"`` (the ``null_copy_process`` contender) the same bytes are copied, with
+the same slices and threads, by another process between two scratch rings of its own (L1 is
+private to LMCache's process): LMCache's process then does no copy at all, while the host's
+memory system and cores carry the same traffic. If lookups slow down as much as with ``copy:
+true``, the tail is the host's, and moving the copy out of LMCache's process (a gateway reading
+L1 itself) would not remove it.
+
+    python -m bench.null_adapter copy-worker THREADS   # that process: "id nbytes" lines in, ids out
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,9 +49,11 @@ SCRATCH_BYTES = 512 * 2**20  # the gateway's default session window
 
 
 class NullConnector:
-    def __init__(self, store_gbps: float = 1.5, copy: bool = False, **_: object) -> None:
+    def __init__(self, store_gbps: float = 1.5, copy: bool | str = False, **_: object) -> None:
         self._bytes_per_s = float(store_gbps) * 1e9
-        self._copier = Copier(config.copy_threads(config.parse({}))) if copy else None
+        threads = config.copy_threads(config.parse({}))
+        self._copier = Copier(threads) if copy is True else None
+        self._elsewhere = _CopyElsewhere(threads, self._copied) if copy == "process" else None
         self._scratch = memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8))
         self._scratch_at = 0  # where the next copy lands in the scratch ring
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
@@ -64,11 +79,20 @@ class NullConnector:
             heapq.heappush(self._due, (self._disk_free_at, future_id, list(map(str, keys))))
             if self._copier is not None:
                 self._copying[future_id] = len(memviews)
+            elif self._elsewhere is not None:
+                self._copying[future_id] = 1
             self._wake.notify()
         if self._copier is not None:
             for memview in memviews:
                 self._copy(future_id, memview.cast("B"))
+        elif self._elsewhere is not None:
+            self._elsewhere.copy(future_id, nbytes)
         return future_id
+
+    def _copied(self, future_id: int) -> None:
+        with self._wake:
+            self._copying[future_id] -= 1
+            self._wake.notify()
 
     def _copy(self, future_id: int, source: memoryview) -> None:
         """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path)."""
@@ -79,12 +103,7 @@ class NullConnector:
         destination = self._scratch[self._scratch_at : self._scratch_at + size]
         self._scratch_at += size
 
-        def copied(ok: bool) -> None:
-            with self._wake:
-                self._copying[future_id] -= 1
-                self._wake.notify()
-
-        self._copier.copy(destination, source[:size], copied)
+        self._copier.copy(destination, source[:size], lambda ok: self._copied(future_id))
 
     def submit_batch_get(self, keys: list[str], memviews: list[memoryview]) -> int:
         return self._answer([False] * len(keys))
@@ -110,6 +129,8 @@ class NullConnector:
         self._thread.join()
         if self._copier is not None:
             self._copier.close()
+        if self._elsewhere is not None:
+            self._elsewhere.close()
         self._completions.close()
 
     def _answer(self, per_key: list[bool]) -> int:
@@ -136,3 +157,73 @@ class NullConnector:
                 self._completions.push(future_id, True, "", [True] * len(keys))
             for _, future_id, keys in self._due:  # closing: what was still "writing" failed
                 self._completions.push(future_id, False, "closed", [False] * len(keys))
+
+
+class _CopyElsewhere:
+    """Another process that copies as many bytes as each store has, and says when it is done."""
+
+    def __init__(self, threads: int, copied: Callable[[int], None]) -> None:
+        argv = [sys.executable, "-m", "bench.null_adapter", "copy-worker", str(threads)]
+        self._worker = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self._lock = threading.Lock()
+        self._copied = copied
+        self._reader = threading.Thread(target=self._read, name="null-copy-acks", daemon=True)
+        self._reader.start()
+
+    def copy(self, future_id: int, nbytes: int) -> None:
+        assert self._worker.stdin is not None
+        with self._lock:
+            self._worker.stdin.write(f"{future_id} {nbytes}\n")
+
+    def close(self) -> None:
+        assert self._worker.stdin is not None
+        self._worker.stdin.close()
+        self._worker.wait(30)
+
+    def _read(self) -> None:
+        assert self._worker.stdout is not None
+        for line in self._worker.stdout:
+            self._copied(int(line))
+
+
+def copy_worker(threads: int) -> None:
+    """The other process: for each "id nbytes" line, copy nbytes between its own rings (1 GiB
+    to 512 MiB, so the bytes come from memory, not the cache) in the Copier's slices, then print
+    the id."""
+    source = memoryview(np.ones(2 * SCRATCH_BYTES, np.uint8))
+    scratch = memoryview(np.ones(SCRATCH_BYTES, np.uint8))
+    copier = Copier(threads)
+    read_at = write_at = 0
+    printing = threading.Lock()
+    for line in sys.stdin:
+        future_id, nbytes = map(int, line.split())
+        latch = {"left": 0}
+        parts: list[tuple[memoryview, memoryview]] = []
+        while nbytes > 0:
+            size = min(nbytes, 32 * 2**20, len(scratch))
+            read_at = 0 if read_at + size > len(source) else read_at
+            write_at = 0 if write_at + size > len(scratch) else write_at
+            parts.append((scratch[write_at : write_at + size], source[read_at : read_at + size]))
+            read_at += size
+            write_at += size
+            nbytes -= size
+        latch["left"] = len(parts)
+
+        def done(ok: bool, future_id: int = future_id, latch: dict[str, int] = latch) -> None:
+            with printing:
+                latch["left"] -= 1
+                if latch["left"] == 0:
+                    print(future_id, flush=True)
+
+        if not parts:
+            print(future_id, flush=True)
+        for destination, part in parts:
+            copier.copy(destination, part, done)
+    copier.close()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["copy-worker"]:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C; it ends with stdin
+    copy_worker(int(sys.argv[2]))
