@@ -30,6 +30,15 @@ def sync_settings(policy: str, interval_ms: int) -> dict[str, Any]:
     return settings
 
 
+def contender_settings(contender: str) -> tuple[str, dict[str, Any]]:
+    """A contender's name and the settings after its ``@``: ``adp-periodic@io_threads=16;
+    sync_interval_ms=5`` is ``("adp-periodic", {"io_threads": 16, "sync_interval_ms": 5})``
+    (each value read as YAML)."""
+    name, _, rest = contender.partition("@")
+    pairs = (setting.partition("=") for setting in rest.split(";") if setting)
+    return name, {key: yaml.safe_load(value) for key, _, value in pairs}
+
+
 def write_config(path: Path, settings: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(settings))
     return path

@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from bench import gateways
 from bench.machine import machine
@@ -190,9 +189,7 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
     environment variable for its server: ``null_copy!GLIBC_TUNABLES=glibc.cpu.x=1``."""
     contender, _, variable = contender.partition("!")
     server_env = dict([variable.split("=", 1)]) if variable else {}
-    name, _, rest = contender.partition("@")
-    pairs = (setting.partition("=") for setting in rest.split(";") if setting)
-    plugin_params = {key: yaml.safe_load(value) for key, _, value in pairs}
+    name, plugin_params = gateways.contender_settings(contender)
     workdir.mkdir(parents=True)
     gateway = None
     sockdir = short_tmpdir()

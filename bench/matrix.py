@@ -44,8 +44,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from adp_gateway.config import GatewayConfig
 from bench import floor, gateways
 from bench.harness import Load, drop_file_cache, lmcache_bench
@@ -146,12 +144,10 @@ def run_fs_native(directory: Path, load: Load, odirect: bool) -> dict[str, Any]:
 
 
 def contender_runner(name: str, interval_ms: int) -> Callable[[Path, Load], dict[str, Any]]:
-    """``adp-POLICY``, optionally ``@key=value,key=value`` gateway settings (an experiment:
+    """``adp-POLICY``, optionally ``@key=value;key=value`` gateway settings (an experiment:
     ``adp-periodic@io_threads=16``), ``fs-odirect`` or ``fs-buffered``."""
     if name.startswith("adp-"):
-        policy, _, rest = name.removeprefix("adp-").partition("@")
-        pairs = (setting.partition("=") for setting in rest.split(";") if setting)
-        extra = {key: yaml.safe_load(value) for key, _, value in pairs}
+        policy, extra = gateways.contender_settings(name.removeprefix("adp-"))
         return lambda directory, load: run_adp(directory, load, policy, interval_ms, extra)
     if name in ("fs-odirect", "fs-buffered"):
         odirect = name == "fs-odirect"
