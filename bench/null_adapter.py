@@ -25,11 +25,12 @@ memory system and cores carry the same traffic. If lookups slow down as much as 
 true``, the tail is the host's, and moving the copy out of LMCache's process (a gateway reading
 L1 itself) would not remove it.
 
-    python -m bench.null_adapter copy-worker THREADS   # that process: "id nbytes" lines in, ids out
+    python -m bench.null_adapter copy-worker THREADS   # "id size..." in, an id per copy out
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import signal
@@ -54,8 +55,7 @@ class NullConnector:
         threads = config.copy_threads(config.parse({}))
         self._copier = Copier(threads) if copy is True else None
         self._elsewhere = _CopyElsewhere(threads, self._copied) if copy == "process" else None
-        self._scratch = memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8))
-        self._scratch_at = 0  # where the next copy lands in the scratch ring
+        self._scratch = _Ring(memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8)))
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
         self._completions = CompletionQueue()
         self._future_ids = itertools.count(1)
@@ -77,16 +77,14 @@ class NullConnector:
             start = max(time.monotonic(), self._disk_free_at)
             self._disk_free_at = start + nbytes / self._bytes_per_s
             heapq.heappush(self._due, (self._disk_free_at, future_id, list(map(str, keys))))
-            if self._copier is not None:
+            if self._copier is not None or self._elsewhere is not None:
                 self._copying[future_id] = len(memviews)
-            elif self._elsewhere is not None:
-                self._copying[future_id] = 1
             self._wake.notify()
         if self._copier is not None:
             for memview in memviews:
                 self._copy(future_id, memview.cast("B"))
         elif self._elsewhere is not None:
-            self._elsewhere.copy(future_id, nbytes)
+            self._elsewhere.copy(future_id, [memview.nbytes for memview in memviews])
         return future_id
 
     def _copied(self, future_id: int) -> None:
@@ -97,13 +95,9 @@ class NullConnector:
     def _copy(self, future_id: int, source: memoryview) -> None:
         """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path)."""
         assert self._copier is not None
-        size = min(source.nbytes, len(self._scratch))
-        if self._scratch_at + size > len(self._scratch):
-            self._scratch_at = 0
-        destination = self._scratch[self._scratch_at : self._scratch_at + size]
-        self._scratch_at += size
-
-        self._copier.copy(destination, source[:size], lambda ok: self._copied(future_id))
+        destination = self._scratch.take(source.nbytes)
+        source = source[: destination.nbytes]
+        self._copier.copy(destination, source, lambda ok: self._copied(future_id))
 
     def submit_batch_get(self, keys: list[str], memviews: list[memoryview]) -> int:
         return self._answer([False] * len(keys))
@@ -159,8 +153,25 @@ class NullConnector:
                 self._completions.push(future_id, False, "closed", [False] * len(keys))
 
 
+class _Ring:
+    """Scratch memory handed out in turn: each ``take`` is the next ``size`` bytes (at most the
+    whole ring), from the start again when the end is too near."""
+
+    def __init__(self, memory: memoryview) -> None:
+        self._memory = memory
+        self._at = 0
+
+    def take(self, size: int) -> memoryview:
+        size = min(size, len(self._memory))
+        if self._at + size > len(self._memory):
+            self._at = 0
+        self._at += size
+        return self._memory[self._at - size : self._at]
+
+
 class _CopyElsewhere:
-    """Another process that copies as many bytes as each store has, and says when it is done."""
+    """Another process that copies as many bytes as each of a store's buffers has, and says when
+    each copy is done."""
 
     def __init__(self, threads: int, copied: Callable[[int], None]) -> None:
         argv = [sys.executable, "-m", "bench.null_adapter", "copy-worker", str(threads)]
@@ -172,10 +183,10 @@ class _CopyElsewhere:
         self._reader = threading.Thread(target=self._read, name="null-copy-acks", daemon=True)
         self._reader.start()
 
-    def copy(self, future_id: int, nbytes: int) -> None:
+    def copy(self, future_id: int, sizes: list[int]) -> None:
         assert self._worker.stdin is not None
         with self._lock:
-            self._worker.stdin.write(f"{future_id} {nbytes}\n")
+            self._worker.stdin.write(f"{future_id} {' '.join(map(str, sizes))}\n")
 
     def close(self) -> None:
         assert self._worker.stdin is not None
@@ -189,38 +200,25 @@ class _CopyElsewhere:
 
 
 def copy_worker(threads: int) -> None:
-    """The other process: for each "id nbytes" line, copy nbytes between its own rings (1 GiB
-    to 512 MiB, so the bytes come from memory, not the cache) in the Copier's slices, then print
-    the id."""
-    source = memoryview(np.ones(2 * SCRATCH_BYTES, np.uint8))
-    scratch = memoryview(np.ones(SCRATCH_BYTES, np.uint8))
+    """The other process: for each "id size size..." line, one copy per size between its own
+    rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_copy`` makes
+    them in LMCache's process; prints the id as each copy ends."""
+    source = _Ring(memoryview(np.ones(2 * SCRATCH_BYTES, np.uint8)))
+    scratch = _Ring(memoryview(np.ones(SCRATCH_BYTES, np.uint8)))
     copier = Copier(threads)
-    read_at = write_at = 0
     printing = threading.Lock()
+
+    def copied(future_id: int, ok: bool) -> None:
+        with printing:
+            sys.stdout.write(f"{future_id}\n")
+            sys.stdout.flush()
+
     for line in sys.stdin:
-        future_id, nbytes = map(int, line.split())
-        latch = {"left": 0}
-        parts: list[tuple[memoryview, memoryview]] = []
-        while nbytes > 0:
-            size = min(nbytes, 32 * 2**20, len(scratch))
-            read_at = 0 if read_at + size > len(source) else read_at
-            write_at = 0 if write_at + size > len(scratch) else write_at
-            parts.append((scratch[write_at : write_at + size], source[read_at : read_at + size]))
-            read_at += size
-            write_at += size
-            nbytes -= size
-        latch["left"] = len(parts)
-
-        def done(ok: bool, future_id: int = future_id, latch: dict[str, int] = latch) -> None:
-            with printing:
-                latch["left"] -= 1
-                if latch["left"] == 0:
-                    print(future_id, flush=True)
-
-        if not parts:
-            print(future_id, flush=True)
-        for destination, part in parts:
-            copier.copy(destination, part, done)
+        future_id, *sizes = map(int, line.split())
+        for size in sizes:
+            destination = scratch.take(size)
+            part = source.take(destination.nbytes)
+            copier.copy(destination, part, functools.partial(copied, future_id))
     copier.close()
 
 
