@@ -4,7 +4,8 @@
 # server writes through (bench/lookup_under_load.py, GPU mode, 1 GiB prompts), and the 8.6 GB
 # long restore (bench/long_restore.py: ours on the default path, ours with L1 in shared memory on
 # the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved; and
-# on request (STEPS=matrix, MATRIX_ARGS) bench/matrix.py through `lmcache bench l2`.
+# on request (STEPS=matrix, MATRIX_ARGS) bench/matrix.py through `lmcache bench l2`, and
+# (STEPS=op_path, OP_PATH_ARGS) bench/op_path.py, where a batch's time goes stage by stage.
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
 # Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
 # list and why the shim):
@@ -80,6 +81,11 @@ for step in $STEPS; do
       ADP_LMCACHE_BIN=$BIN timeout $(( $(left) - 5 )) $PY -m bench.matrix --dir "$D/matrix" \
         ${MATRIX_ARGS:-} --out "$OUT/matrix-h200"; echo "matrix rc=$?"
       rm -rf "$D/matrix" ;;
+    op_path)
+      ts "== op_path: where a batch's time goes (${OP_PATH_ARGS:-})"
+      timeout $(( $(left) - 5 )) $PY -m bench.op_path --dir "$D/op" ${OP_PATH_ARGS:-} \
+        --out "$OUT/op-path-h200"; echo "op_path rc=$?"
+      rm -rf "$D/op" ;;
     restore)
       for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }
