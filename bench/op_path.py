@@ -11,6 +11,8 @@ length, and how long the device was busy for the batch (the union of its calls).
     python -m bench.op_path --dir /tmp/op --sizes-kb 256,4096,32768 --keys 8 \
         --out bench/results/op-path
 
+The disk's floor (bench/floor.py: fio, or dd, and a Python probe at the gateway's own shapes and
+at the disk's best) runs first, in the same invocation, and each cell's MB/s stands beside it.
 Huge pages matter to the device calls (docs/operations.md, "Huge pages"): the table records the
 host's shmem setting.
 """
@@ -33,6 +35,7 @@ import numpy as np
 from adp_gateway import hugepages
 from adp_wire import trace
 from adp_wire.trace import Stage, Stamp
+from bench import floor as disk_floor
 from bench import gateways
 from bench.machine import machine
 from bench.plugin import connect, object_keys, wait_connected
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=8, help="objects per batch")
     parser.add_argument("--phase-mib", type=int, default=1024, help="bytes each phase moves")
     parser.add_argument("--batches-max", type=int, default=200)
+    parser.add_argument("--floor-gib", type=float, default=1.0, help="the file the floor moves")
     parser.add_argument("--out", type=Path, default=Path("bench/results/op-path"))
     args = parser.parse_args(argv)
 
@@ -70,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         "keys": args.keys,
         "cells": [],
     }
-    for size_kb in (int(s) for s in args.sizes_kb.split(",")):
+    sizes = [int(s) * 1024 for s in args.sizes_kb.split(",")]
+    results["floor"] = disk_floor.floors(args.dir / "floor", sizes, int(args.floor_gib * 2**30))
+    for size_kb in (size // 1024 for size in sizes):
         batches = max(3, min(args.batches_max, args.phase_mib * 1024 // (size_kb * args.keys)))
         results["cells"].extend(run_size(args.dir, size_kb * 1024, args.keys, batches))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,15 @@
 # ready for vLLM (LMCacheMPConnector) to connect. Ctrl-C stops both cleanly.
 #
 #   scripts/serve.sh [--data-dir ./adp-data] [--capacity 8GiB] [--port 5555] [--http-port 8080]
-#                    [--l1-size-gb 8] [--socket PATH] [--zero-copy]
+#                    [--l1-size-gb 8] [--socket PATH] [--zero-copy] [--huge-pages]
 #
 # --capacity is what the gateway preallocates in --data-dir (8 GiB unless told otherwise).
 # --socket defaults to the gateway's own default (`python -m adp_wire socket-path` prints it).
 # --zero-copy keeps LMCache's L1 in shared memory, and the gateway writes stores straight from it.
+# --huge-pages (root) lets the sessions' shared memory have huge pages, by setting the host's
+#   /sys/kernel/mm/transparent_hugepage/shmem_enabled from `never` to `advise` (only memory that
+#   asks for them gets them). On a 2-core VM it took 4 and 32 MiB stores from about 0.6x to 0.9x
+#   of fio's best write (bench/results/hugepages/; docs/operations.md, "Huge pages").
 #
 # It prints one line when both serve (the server answers on its port), or one line saying what
 # went wrong, and exits non-zero, if either cannot start (a second copy of the stack, a port in
@@ -15,6 +19,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=$ROOT/adp-data CAPACITY=8GiB PORT=5555 HTTP_PORT=8080 L1_GB=8 SOCKET="" SERVER_FLAGS=()
+HUGE_PAGES="" SHMEM=${ADP_SHMEM_SETTING:-/sys/kernel/mm/transparent_hugepage/shmem_enabled}  # tests: a copy
 while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR=$2; shift 2 ;;
@@ -24,9 +29,15 @@ while [ $# -gt 0 ]; do
     --l1-size-gb) L1_GB=$2; shift 2 ;;
     --socket) SOCKET=$2; shift 2 ;;
     --zero-copy) SERVER_FLAGS+=(--zero-copy); shift ;;
+    --huge-pages) HUGE_PAGES=1; shift ;;
     *) echo "serve.sh: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$HUGE_PAGES" ] && grep -q '\[never\]' "$SHMEM" 2>/dev/null; then
+  echo advise 2>/dev/null > "$SHMEM" \
+    || { echo "serve.sh: --huge-pages needs root to write advise to $SHMEM" >&2; exit 2; }
+  echo "serve.sh: $SHMEM: never -> advise (shared memory that asks for huge pages gets them)"
+fi
 ADP_EXTRAS=${ADP_EXTRAS:-serve} source "$ROOT/scripts/setup-env.sh"
 [ -n "$SOCKET" ] || SOCKET=$(python -m adp_wire socket-path)
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/adp-serve.XXXXXX")

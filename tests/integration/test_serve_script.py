@@ -16,12 +16,14 @@ from tests.support import ROOT, LMCacheServer, run_mp_client, wait_until
 pytestmark = pytest.mark.integration
 
 
-def serve(workdir: Path, server: LMCacheServer, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+def serve(
+    workdir: Path, server: LMCacheServer, log: Path, *extra: str, **env_extra: str
+) -> subprocess.Popen[bytes]:
     """scripts/serve.sh on ``server``'s ports, with its output in ``log``."""
     argv = [str(ROOT / "scripts" / "serve.sh"), "--data-dir", str(workdir / "data")]
     argv += ["--capacity", "1GiB", "--port", str(server.port), "--http-port"]
     argv += [str(server.http_port), "--l1-size-gb", "1", "--socket", str(workdir / "gw.sock")]
-    env = {**os.environ, "ADP_EXTRAS": "test"}  # the test venv as it is: nothing to reinstall
+    env = {**os.environ, "ADP_EXTRAS": "test", **env_extra}  # ADP_EXTRAS: the test venv as it is
     with open(log, "wb") as out:
         return subprocess.Popen(
             [*argv, *extra], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -34,9 +36,13 @@ def ready(proc: subprocess.Popen[bytes], log: Path) -> bool:
 
 @pytest.mark.parametrize("zero_copy", [False, True], ids=["copy", "zero-copy"])
 def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_copy: bool) -> None:
+    """With --zero-copy also --huge-pages, on a copy of the host's shmem setting."""
     server = LMCacheServer(workdir, "")  # only for its ports and client helpers
     log = workdir / "serve.log"
-    proc = serve(workdir, server, log, *(["--zero-copy"] if zero_copy else []))
+    shmem = workdir / "shmem_enabled"
+    shmem.write_text("always within_size advise [never] deny force\n")
+    extra = ["--zero-copy", "--huge-pages"] if zero_copy else []
+    proc = serve(workdir, server, log, *extra, ADP_SHMEM_SETTING=str(shmem))
     try:
         wait_until(lambda: ready(proc, log), 180, "the stack")
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -59,6 +65,8 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_cop
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert "1GiB preallocated in" in text  # the ready line says what it took, and where
+    assert (shmem.read_text().strip() == "advise") == zero_copy
+    assert ("shmem_enabled: never -> advise" in text) == zero_copy
     assert "closed: 0 loads (0 hits, 0 B), 2 stores" in text
     assert f"found), {2 if zero_copy else 0} of the stores zero-copy" in text
     assert text.index("Finished server process") < text.index("gateway stopped")
