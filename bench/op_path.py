@@ -214,11 +214,18 @@ def report(results: dict[str, Any]) -> str:
         values = [c["ms"][name] for c in cells]
         shown = [f"{v:.0f}" if name == "device: calls" else f"{v:.2f}" for v in values]
         lines.append(f"| {name} | " + " | ".join(shown) + " |")
-    lines.append(
-        "| MB/s (batch bytes / median batch time) | "
-        + " | ".join(f"{c['mb_per_s']:.0f}" for c in cells)
-        + " |"
-    )
+    shown = [f"{c['mb_per_s']:.0f}" for c in cells]
+    lines.append("| MB/s (batch bytes / median batch time) | " + " | ".join(shown) + " |")
+    floor = results["floor"]
+    for label, figure in (("fio at the gateway's shape", "gateway_shape"), ("fio's best", "best")):
+        shown = []
+        for c in cells:
+            direction = "write" if c["op"] == "store" else "read"
+            figures = disk_floor.for_size(floor, c["object_kib"] * 1024)
+            rate = figures[f"{figure}_{direction}_GBps"] * 1e3
+            shown.append(f"{rate:.0f} ({c['mb_per_s'] / rate:.2f}x)")
+        lines.append(f"| {label}, MB/s (ours / it) | " + " | ".join(shown) + " |")
+    lines += ["", "## The disk's floor, same run (bench/floor.py)", "", disk_floor.table(floor)]
     return "\n".join(lines) + "\n"
 
 
