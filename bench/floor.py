@@ -142,7 +142,7 @@ def floors(directory: Path, sizes_bytes: list[int], file_bytes: int) -> dict[str
                 shapes.append(shape)
     started = time.time()
     measured = measure(directory, shapes, file_bytes, fio)
-    rows = {_key(r): r for r in measured["shapes"]}
+    rows = {r["name"]: r for r in measured["shapes"]}
     summary: dict[str, Any] = {  # "best": of every shape fio moved in this run
         "tool": "fio" if fio else "dd",
         "best_write_GBps": max(r["write_GBps"] for r in rows.values()),
@@ -150,11 +150,11 @@ def floors(directory: Path, sizes_bytes: list[int], file_bytes: int) -> dict[str
         "first_lap_write_GBps": measured["first_lap_write_GBps"],
         "sizes": {},
     }
-    for size, shape in per_size.items():
-        write, read = rows[_key(asdict(shape["write"]))], rows[_key(asdict(shape["read"]))]
+    for size, pair in per_size.items():
+        write, read = rows[pair["write"].name], rows[pair["read"].name]
         summary["sizes"][str(size)] = {
-            "write_shape": asdict(shape["write"]),
-            "read_shape": asdict(shape["read"]),
+            "write_shape": asdict(pair["write"]),
+            "read_shape": asdict(pair["read"]),
             "write_GBps": write["write_GBps"],
             "read_GBps": read["read_GBps"],
             "python_write_GBps": write.get("python_write_GBps"),
@@ -182,8 +182,8 @@ def limit(directory: Path, total_bytes: int, write: Shape, read: Shape) -> dict[
     better of the two tools."""
     shapes = [write] if write == read else [write, read]
     measured = measure(directory, shapes, total_bytes, ensure_fio())
-    rows = {_key(r): r for r in measured["shapes"]}
-    w, r = rows[_key(asdict(write))], rows[_key(asdict(read))]
+    rows = {row["name"]: row for row in measured["shapes"]}
+    w, r = rows[write.name], rows[read.name]
     return {
         "total_bytes": total_bytes,
         "io_bytes": write.block_bytes,
@@ -195,10 +195,6 @@ def limit(directory: Path, total_bytes: int, write: Shape, read: Shape) -> dict[
         "tool": "fio" if measured["fio"] else "dd",
         "measured": measured,
     }
-
-
-def _key(row: dict[str, Any]) -> tuple[int, int, int]:
-    return (row["block_bytes"], row["jobs"], row["depth"])
 
 
 def _tool_rate(fio: str | None, path: Path, shape: Shape, direction: str, file_bytes: int) -> float:
