@@ -38,7 +38,6 @@ from adp_gateway.metrics import Metrics
 from adp_gateway.presence import Presence
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.work import L1Readers, SessionWork, results
-from adp_wire import trace
 from adp_wire.protocol import (
     KEYS_PER_REQUEST_MAX,
     Op,
@@ -56,7 +55,7 @@ from adp_wire.ring.layout import (
     create_shared,
 )
 from adp_wire.ring.queue import completion_producer, submission_consumer
-from adp_wire.trace import Stage
+from adp_wire.trace import Stage, mark
 from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
@@ -235,7 +234,7 @@ class Session:
                 self.stop()  # run() wakes up and closes the session
                 return
             os.eventfd_write(self._completed, 1)
-        trace.mark(Stage.COMPLETE, submission.op_id)
+        mark(Stage.COMPLETE, submission.op_id)
         self._metrics.completed(
             Op(submission.op), self.tenant, status, keys, hits, time.monotonic() - arrived
         )
@@ -259,7 +258,7 @@ class Session:
         """The requests behind one doorbell. Lookups first: they are answered here, from memory;
         the rest only queue work for the I/O threads, in the order they came (which stable
         sorting keeps), the loads in groups (loads.py). Raises ProtocolError."""
-        trace.mark(Stage.DISPATCH, len(submissions))
+        mark(Stage.DISPATCH, len(submissions))
         wanted: list[Load] = []
         for submission in sorted(submissions, key=lambda s: s.op != Op.EXISTS):
             self._dispatch(submission, wanted)

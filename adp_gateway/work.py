@@ -22,10 +22,9 @@ from adp_gateway.errors import StorageError
 from adp_gateway.loads import Load
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Priority, Scheduler, Task
-from adp_wire import trace
 from adp_wire.protocol import Op, Status
 from adp_wire.ring.layout import Submission
-from adp_wire.trace import Stage
+from adp_wire.trace import Stage, mark
 
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
@@ -131,7 +130,7 @@ class SessionWork:
         """One task reads the group (card.get_many); each load completes on its own."""
 
         def run() -> None:
-            trace.mark(Stage.TASK, group[0].submission.op_id)
+            mark(Stage.TASK, group[0].submission.op_id)
             now = time.monotonic_ns()
             live = []
             for load in group:
@@ -180,7 +179,7 @@ class SessionWork:
         reads_l1: bool = False,
     ) -> None:
         def run() -> None:
-            trace.mark(Stage.TASK, submission.op_id)
+            mark(Stage.TASK, submission.op_id)
             if time.monotonic_ns() > submission.deadline_ns:
                 self._complete(submission, Status.EXPIRED)
                 return

@@ -32,11 +32,10 @@ import time
 
 from tenacity import Retrying, retry_if_result, stop_when_event_set, wait_random_exponential
 
-from adp_wire import trace
 from adp_wire.errors import GatewayError, HandshakeRefused, UnsupportedHost, UntrustedGateway
 from adp_wire.protocol import Hello, Op
 from adp_wire.tokens import read_token
-from adp_wire.trace import Stage
+from adp_wire.trace import Stage, mark
 from lmcache_adp import config, l1, trust
 from lmcache_adp.batch import Batch
 from lmcache_adp.ioloop import IOLoop, Shared
@@ -132,7 +131,7 @@ class ADPConnector:
         deadline_ns = time.monotonic_ns() + int(timeout_s * 1e9)
         buffers = None if memviews is None else [m.cast("B") for m in memviews]
         batch = Batch(future_id, op, keys, buffers, deadline_ns)
-        trace.mark(Stage.SUBMIT, future_id)
+        mark(Stage.SUBMIT, future_id)
         malformed = buffers is not None and len(buffers) != len(keys)
         if malformed or self._shared.stopping.is_set() or not self._shared.inbox.put(batch):
             why = "bad batch" if malformed else "closed or too many ops waiting"

@@ -27,11 +27,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from adp_wire import fragmenter, trace
+from adp_wire import fragmenter
 from adp_wire.errors import GatewayError
 from adp_wire.protocol import CHECKSUM_BYTES, Op, Status, checksums_at, pack_checksums
 from adp_wire.ring.layout import PAGE_BYTES, Completion
-from adp_wire.trace import Stage
+from adp_wire.trace import Stage, mark
 from lmcache_adp import config
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
@@ -221,7 +221,7 @@ class IOLoop:
         batch: Batch = request.batch
         op_id = next(self._shared.op_ids)
         link.submit(op_id, request, request.payload, batch.deadline_ns, checksums)
-        trace.mark(Stage.SEND, batch.future_id)
+        mark(Stage.SEND, batch.future_id)
         self._posted = True
 
     # Stores: L1 -> window (or checksums of L1, zero-copy) on the copier, then the ring ------
@@ -252,7 +252,7 @@ class IOLoop:
     def _touched(self, request: Request, ok: bool, checksums: bytes) -> None:
         """On a copier thread: the store's buffer is read; post it from the link's thread."""
         request.batch.end_touch()
-        trace.mark(Stage.COPIED, request.batch.future_id)
+        mark(Stage.COPIED, request.batch.future_id)
         self._shared.call(lambda: self._store_ready(request, ok, checksums))
 
     def _store_ready(self, request: Request, ok: bool, checksums: bytes) -> None:
@@ -278,7 +278,7 @@ class IOLoop:
         link = self._link
         assert link is not None and request.link is link
         batch: Batch = request.batch
-        trace.mark(Stage.COMPLETION, batch.future_id)
+        mark(Stage.COMPLETION, batch.future_id)
         status = (
             Status(completion.status)
             if completion.status in Status._value2member_map_
@@ -319,7 +319,7 @@ class IOLoop:
         )
 
     def _loaded(self, request: Request, ok: bool) -> None:
-        trace.mark(Stage.COPIED, request.batch.future_id)
+        mark(Stage.COPIED, request.batch.future_id)
         assert request.link is not None
         request.link.release(request)
         self._settle(request, Status.OK if ok else Status.FAILED)
@@ -350,7 +350,7 @@ class IOLoop:
         ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
         error = "" if ok else f"{batch.op.name} failed for some keys"
         self._shared.completions.push(batch.future_id, ok, error, batch.results)
-        trace.mark(Stage.REPORT, batch.future_id)
+        mark(Stage.REPORT, batch.future_id)
 
     def _expire(self) -> None:
         now = time.monotonic_ns()

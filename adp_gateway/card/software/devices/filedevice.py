@@ -15,8 +15,7 @@ import stat
 import struct
 
 from adp_gateway.errors import StartupError
-from adp_wire import trace
-from adp_wire.trace import Stage
+from adp_wire.trace import Stage, mark
 from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
@@ -57,17 +56,17 @@ class FileDevice:
     def write(self, buffers: list[memoryview], offset: int) -> None:
         total = sum(len(b) for b in buffers)
         assert offset + total <= self._size_bytes
-        trace.mark(Stage.DEVICE_START, total)
+        mark(Stage.DEVICE_START, total)
         done = os.pwritev(self._fd, buffers, offset)
-        trace.mark(Stage.DEVICE_END, total)
+        mark(Stage.DEVICE_END, total)
         if done != total:  # short write: finish it buffer by buffer
             _finish(self._fd, buffers, offset, done, os.pwritev)
 
     def read(self, buffers: list[memoryview], offset: int) -> None:
         total = sum(len(b) for b in buffers)
-        trace.mark(Stage.DEVICE_START, total)
+        mark(Stage.DEVICE_START, total)
         done = os.preadv(self._fd, buffers, offset)
-        trace.mark(Stage.DEVICE_END, total)
+        mark(Stage.DEVICE_END, total)
         if done != total:
             _finish(self._fd, buffers, offset, done, os.preadv)
 
