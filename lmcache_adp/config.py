@@ -69,11 +69,6 @@ class ADPParams(Settings):
         "object is split over them); null: half the CPUs LMCache may run on, 1 to 4, so copies "
         "never take every core from LMCache's own threads and the link's",
     )
-    store_copy_bytes_per_s: ByteSize | None = Field(
-        default=None,
-        description="the most bytes a second the copies of stores into the transfer window "
-        "move (null: as fast as memory allows); loads' copies are never held back",
-    )
     pending_store_bytes_max: ByteSize = Field(
         default=256 * 2**20,
         description="bytes of stores waiting for room in the gateway's session; beyond it new "

@@ -11,7 +11,6 @@ nor LMCache's own threads waiting. A slice never waits for another, so the pool 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -33,30 +32,10 @@ def _always() -> bool:
     return True
 
 
-class Pacer:
-    """Spaces slices so that together they move at most ``bytes_per_s``: each waits for its
-    turn before it copies."""
-
-    def __init__(self, bytes_per_s: int) -> None:
-        self._seconds_per_byte = 1 / bytes_per_s
-        self._next = time.monotonic()
-        self._lock = threading.Lock()
-
-    def wait(self, nbytes: int) -> None:
-        with self._lock:
-            now = time.monotonic()
-            start = max(self._next, now)
-            self._next = start + nbytes * self._seconds_per_byte
-        if start > now:
-            time.sleep(start - now)
-
-
 class Copier:
-    def __init__(self, threads: int, pacer: Pacer | None = None) -> None:
-        """``pacer``: how fast copies that are not urgent (stores') may go."""
+    def __init__(self, threads: int) -> None:
         self._threads = threads
         self._pool = Workers(threads, "adp-copy")
-        self._pacer = pacer
 
     def copy(
         self,
@@ -77,10 +56,9 @@ class Copier:
         step = align_up(-(-source.nbytes // parts), PAGE_BYTES) if parts > 1 else source.nbytes
         starts = range(0, max(source.nbytes, 1), max(step, 1))
         latch = _Latch(len(starts), lambda values: done(FAILED not in values))
-        copy = _copy if urgent or self._pacer is None else self._paced_copy
         for at in starts:
             part = (destination[at : at + step], source[at : at + step])
-            self._submit(latch, wanted, copy, *part, urgent=urgent)
+            self._submit(latch, wanted, _copy, *part, urgent=urgent)
 
     def checksums(
         self,
@@ -99,11 +77,6 @@ class Copier:
         latch = _Latch(len(plan), finished)
         for f in plan:
             self._submit(latch, wanted, checksum, buffer[f.offset : f.offset + f.length])
-
-    def _paced_copy(self, destination: memoryview, source: memoryview) -> None:
-        assert self._pacer is not None
-        self._pacer.wait(source.nbytes)
-        _copy(destination, source)
 
     def close(self) -> None:
         """Wait for every job, queued or running (their ``done`` calls included)."""

@@ -35,7 +35,7 @@ from adp_wire.trace import Stage, mark
 from lmcache_adp import config
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
-from lmcache_adp.copier import Copier, Pacer
+from lmcache_adp.copier import Copier
 from lmcache_adp.lanes import Lane, Lanes, room
 from lmcache_adp.link import GatewayLink, Request
 from lmcache_adp.logs import log
@@ -97,8 +97,7 @@ class IOLoop:
         self._lanes = Lanes(shared.params)
         self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
         self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
-        rate = shared.params.store_copy_bytes_per_s
-        self._copier = Copier(config.copy_threads(shared.params), Pacer(rate) if rate else None)
+        self._copier = Copier(config.copy_threads(shared.params))
         self._preparing: deque[Request] = deque()  # stores being copied, in submission order
         self._posted = False  # submissions since the last doorbell
 
