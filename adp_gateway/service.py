@@ -1,4 +1,5 @@
-"""The gateway process: opens the store, listens on the Unix socket, runs sessions and I/O threads.
+"""The gateway process: opens the store, listens on the Unix socket (reception.py admits each
+client), runs sessions and I/O threads.
 
 Start-up order: check the config against the machine, open the databases, rebuild the index,
 then listen, so a client never sees a half-recovered store. Stop order: stop accepting, fail
@@ -25,23 +26,19 @@ from adp_gateway.card.loader import open_card
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
-from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
+from adp_gateway.errors import HandshakeRefused
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
 from adp_gateway.presence import Presence
 from adp_gateway.presence import slots_for as presence_slots_for
+from adp_gateway.reception import Reception
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
-from adp_gateway.tenants import Peer, Tenants
+from adp_gateway.tenants import Tenants
 from adp_wire.protocol import (
     Hello,
     Status,
-    is_status_request,
-    parse_hello,
-    recv_frame,
-    send_frame,
-    welcome_body,
 )
 from adp_wire.ring.layout import RingLayout
 from adp_wire.ring.queue import check_host
@@ -51,7 +48,6 @@ log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.1
 RATE_SAMPLE_INTERVAL_S = 5.0
 STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not ticked this long
-HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 
 
 class Gateway:
@@ -85,11 +81,10 @@ class Gateway:
         self._wrap_device = wrap_device or (lambda device: device)
         self.devices: list[DeviceHealth] = []
         self._listener: socket.socket | None = None
-        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
-        self._refusals = _RareLog(log)
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
+        self._reception = Reception(self.config, self.tenants, self._new_session, self.status)
         self.scheduler = Scheduler(
             self.config.store_backlog_max,
             _per_database_max(self.config),
@@ -168,13 +163,15 @@ class Gateway:
         return {**status, "pools": pools, "device_errors": errors}
 
     def start(self) -> None:
-        self._listener = unix_socket.listen(self.config.socket_path, self.config.socket_group)
+        self._listener = listener = unix_socket.listen(
+            self.config.socket_path, self.config.socket_group
+        )
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
             self._spawn(f"io-{i}", self._io_loop)
         self._spawn("expire", self._expire_loop)
-        self._spawn("accept", self._accept_loop)
+        self._spawn("accept", lambda: self._reception.run(listener))
         self.metrics.add_collector(LiveState(self._live_state))
         self._ready = True
         log.info("gateway listening on %s", self.config.socket_path)
@@ -241,79 +238,6 @@ class Gateway:
                 self._rates.sample()
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return  # listener closed: stopping
-            if not self._handshakes.acquire(blocking=False):
-                self._refuse(
-                    conn,
-                    unix_socket.peer_of(conn),
-                    f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
-                )
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="session", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        """Handshake (holding a handshake slot), then run the session (holding none)."""
-        try:
-            session = self._handshake(conn)
-        finally:
-            self._handshakes.release()
-        if session is not None:
-            session.run()
-
-    def _handshake(self, conn: socket.socket) -> Session | None:
-        peer = unix_socket.peer_of(conn)
-        received: list[int] = []  # the client's L1 segment, if it sent one
-        try:
-            conn.settimeout(self.config.handshake_timeout_s)
-            body, received = recv_frame(conn, fds_max=1)
-            if is_status_request(body):
-                self._answer_status(conn, peer)
-                return None
-            hello = parse_hello(body)
-            self.tenants.admit(hello, peer)
-            l1 = _map_l1(hello, received, peer)
-            session = self._new_session(conn, hello, str(peer), l1)
-            try:
-                welcome, fds = session.welcome(self.config.session_window_size)
-                send_frame(conn, welcome_body(welcome), fds)
-                conn.settimeout(None)
-            except BaseException:  # the client went away mid-handshake: free what it held
-                session.close(started=False)
-                raise
-        except (GatewayError, OSError) as exc:
-            self._refuse(conn, peer, str(exc) or type(exc).__name__)
-            return None
-        finally:
-            for fd in received:
-                os.close(fd)
-        log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
-        return session
-
-    def _answer_status(self, conn: socket.socket, peer: Peer) -> None:
-        """``adp-gateway status``: for the gateway's own user and root only, since it names
-        every tenant and what each holds."""
-        if peer.uid not in (0, os.geteuid()):
-            raise HandshakeRefused(
-                f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
-                f"{peer.uid}"
-            )
-        send_frame(conn, {"ok": True, "status": self.status()})
-        conn.close()
-
-    def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
-        """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
-        self._refusals.warning("refused client %s: %s", peer, why)
-        with contextlib.suppress(OSError):
-            conn.setblocking(False)
-            send_frame(conn, {"ok": False, "error": why})
-        conn.close()
-
     def _new_session(
         self, conn: socket.socket, hello: Hello, peer: str, l1: L1Segment | None
     ) -> Session:
@@ -362,40 +286,6 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
-
-
-class _RareLog:
-    """Warnings that a flood could repeat thousands of times: the first one, then at most one
-    line every ``interval_s`` saying how many were left out."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
-        self._logger = logger
-        self._interval_s = interval_s
-        self._next = 0.0
-        self._left_out = 0
-        self._lock = threading.Lock()
-
-    def warning(self, message: str, *args: object) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now < self._next:
-                self._left_out += 1
-                return
-            left_out, self._left_out, self._next = self._left_out, 0, now + self._interval_s
-        suffix = f" (and {left_out} more refusals since the last such line)" if left_out else ""
-        self._logger.warning(message + suffix, *args)
-
-
-def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:
-    """The client's L1 segment for zero-copy ops; None (the copy path) when it sent none or
-    one that does not map, which is logged."""
-    if not hello.l1_bytes or len(fds) != 1:
-        return None
-    try:
-        return L1Segment(fds[0], hello.l1_bytes)
-    except ProtocolError as exc:
-        log.warning("client %s: %s; its ops use the copy path", peer, exc)
-        return None
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway.service import HANDSHAKES_MAX
+from adp_gateway.reception import HANDSHAKES_MAX
 from adp_wire.protocol import Hello, hello_body, send_frame
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until

@@ -64,6 +64,7 @@ GATEWAY_LAYERS = [
     {"adp_gateway.loads", "adp_gateway.extents"},
     {"adp_gateway.work"},
     {"adp_gateway.session", "adp_gateway.unix_socket"},
+    {"adp_gateway.reception"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},
 ]

@@ -1,0 +1,165 @@
+"""The gateway's front door: accepts connections on its Unix socket and handshakes each one.
+
+A connection is either a status request (``adp-gateway status``, answered for root and the
+gateway's own user, then closed) or a client's hello: its tenant is admitted (tenants.py), its
+L1 segment mapped for zero-copy ops when it sent one, and a session is opened and welcomed. At
+most ``HANDSHAKES_MAX`` handshakes run at once, each within ``handshake_timeout_s``. A connection
+refused for any reason gets one frame saying why, never waiting on the client; the refusals are
+logged rarely, so a flood of them cannot fill the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from adp_gateway import unix_socket
+from adp_gateway.config import GatewayConfig
+from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
+from adp_gateway.l1 import L1Segment
+from adp_gateway.session import Session
+from adp_gateway.tenants import Peer, Tenants
+from adp_wire.protocol import (
+    Hello,
+    is_status_request,
+    parse_hello,
+    recv_frame,
+    send_frame,
+    welcome_body,
+)
+
+log = logging.getLogger(__name__)
+HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
+
+# Makes the session of an admitted client, or raises HandshakeRefused (the gateway is full).
+OpenSession = Callable[[socket.socket, Hello, str, L1Segment | None], Session]
+
+
+class Reception:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        tenants: Tenants,
+        open_session: OpenSession,
+        status: Callable[[], dict[str, Any]],
+    ) -> None:
+        self._config = config
+        self._tenants = tenants
+        self._open_session = open_session
+        self._status = status
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
+        self._refusals = _RareLog(log)
+
+    def run(self, listener: socket.socket) -> None:
+        """Accept until the listener is shut down; each connection is served on a thread of
+        its own, which runs its session once the handshake is done."""
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # the listener is closed: the gateway is stopping
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(
+                    conn,
+                    unix_socket.peer_of(conn),
+                    f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
+                )
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="session", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        """Handshake (holding a handshake slot), then run the session (holding none)."""
+        try:
+            session = self._handshake(conn)
+        finally:
+            self._handshakes.release()
+        if session is not None:
+            session.run()
+
+    def _handshake(self, conn: socket.socket) -> Session | None:
+        peer = unix_socket.peer_of(conn)
+        received: list[int] = []  # the client's L1 segment, if it sent one
+        try:
+            conn.settimeout(self._config.handshake_timeout_s)
+            body, received = recv_frame(conn, fds_max=1)
+            if is_status_request(body):
+                self._answer_status(conn, peer)
+                return None
+            hello = parse_hello(body)
+            self._tenants.admit(hello, peer)
+            l1 = _map_l1(hello, received, peer)
+            session = self._open_session(conn, hello, str(peer), l1)
+            try:
+                welcome, fds = session.welcome(self._config.session_window_size)
+                send_frame(conn, welcome_body(welcome), fds)
+                conn.settimeout(None)
+            except BaseException:  # the client went away mid-handshake: free what it held
+                session.close(started=False)
+                raise
+        except (GatewayError, OSError) as exc:
+            self._refuse(conn, peer, str(exc) or type(exc).__name__)
+            return None
+        finally:
+            for fd in received:
+                os.close(fd)
+        log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
+        return session
+
+    def _answer_status(self, conn: socket.socket, peer: Peer) -> None:
+        """``adp-gateway status``: for the gateway's own user and root only, since it names
+        every tenant and what each holds."""
+        if peer.uid not in (0, os.geteuid()):
+            raise HandshakeRefused(
+                f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
+                f"{peer.uid}"
+            )
+        send_frame(conn, {"ok": True, "status": self._status()})
+        conn.close()
+
+    def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
+        """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
+        self._refusals.warning("refused client %s: %s", peer, why)
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            send_frame(conn, {"ok": False, "error": why})
+        conn.close()
+
+
+class _RareLog:
+    """Warnings that a flood could repeat thousands of times: the first one, then at most one
+    line every ``interval_s`` saying how many were left out."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._next = 0.0
+        self._left_out = 0
+        self._lock = threading.Lock()
+
+    def warning(self, message: str, *args: object) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next:
+                self._left_out += 1
+                return
+            left_out, self._left_out, self._next = self._left_out, 0, now + self._interval_s
+        suffix = f" (and {left_out} more refusals since the last such line)" if left_out else ""
+        self._logger.warning(message + suffix, *args)
+
+
+def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:
+    """The client's L1 segment for zero-copy ops; None (the copy path) when it sent none or
+    one that does not map, which is logged."""
+    if not hello.l1_bytes or len(fds) != 1:
+        return None
+    try:
+        return L1Segment(fds[0], hello.l1_bytes)
+    except ProtocolError as exc:
+        log.warning("client %s: %s; its ops use the copy path", peer, exc)
+        return None
