@@ -5,13 +5,16 @@
 # long restore (bench/long_restore.py: ours on the default path, ours with L1 in shared memory on
 # the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved; and
 # on request (STEPS=matrix, MATRIX_ARGS) bench/matrix.py through `lmcache bench l2`, and
-# (STEPS=op_path, OP_PATH_ARGS) bench/op_path.py, where a batch's time goes stage by stage.
+# (STEPS=op_path, OP_PATH_ARGS) bench/op_path.py, where a batch's time goes stage by stage, and
+# (STEPS=gil, GIL_CONTENDER) which threads of LMCache's server hold the GIL during one round of
+# lookups under load (py-spy copied into .stage; bench/gil_share.py sums its samples).
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
 # Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
 # list and why the shim):
 #   .whl/   the cp312 wheels of lmcache 0.5.6 and its dependencies, and of lmcache-adp's own
 #           (pyproject.toml; no wheel of ours: the checkout is on PYTHONPATH)
-#   .stage/ a copy of ../shared/device (libc10_nie_shim.so, c10_nie_shim.cpp)
+#   .stage/ a copy of ../shared/device (libc10_nie_shim.so, c10_nie_shim.cpp); for STEPS=gil,
+#           the static py-spy binary (pip install py-spy, then copy its bin/py-spy)
 #   .fio/   bash bench/build_fio.sh
 # A dry run on the CPU host: NO_INSTALL=1 MODE=cpu PY=python GB=0.2 LOOKUP_MIB=64 bash bench/h200.sh
 # One call:
@@ -68,6 +71,17 @@ for step in $STEPS; do
       timeout $(( $(left) - 5 )) $PY -m bench.floor --dir "$D/floor" --file-gib "${FLOOR_GIB:-4}" \
         --sizes-kb "${FLOOR_SIZES_KB:-4096}" --out "$OUT/floor-h200"; echo "floor rc=$?"
       rm -rf "$D/floor" ;;
+    gil)  # who holds the GIL in LMCache's server while it writes through (py-spy carried in .stage)
+      C=${GIL_CONTENDER:-lmcache_adp}; ts "== GIL holders in LMCache's server, $C, lookups under load"
+      $PY -m bench.lookup_under_load --dir "$D/gil" --mode "${MODE:-gpu}" --prompt-mib "${LOOKUP_MIB:-1024}" \
+        --prompts "${LOOKUP_PROMPTS:-4}" --rounds 1 --contenders "$C" --skip-exists ${LOOKUP_ARGS:-} \
+        --lmcache-bin $BIN --out "$OUT/gil-lookup" > "$OUT/gil-lookup.log" 2>&1 &
+      BENCH=$!; PID=""
+      for _ in $(seq 1200); do PID=$(pgrep -f "gpu_lmc.py server" | head -1); [ -n "$PID" ] && break; sleep 0.1; done
+      [ -n "$PID" ] && timeout $(( $(left) - 5 )) .stage/py-spy record --gil --threads --nonblocking -r 500 \
+        -f raw -o "$OUT/gil.txt" -p "$PID" > "$OUT/gil-spy.log" 2>&1
+      wait $BENCH; echo "gil rc=$?"; $PY bench/gil_share.py "$OUT/gil.txt"
+      rm -rf "$D/gil" ;;
     lookup)
       ts "== lookup_under_load, GPU mode, ${LOOKUP_MIB:-1024} MiB prompts"
       timeout $(( $(left) - 5 )) $PY -m bench.lookup_under_load --dir "$D/lookup" --mode "${MODE:-gpu}" \
