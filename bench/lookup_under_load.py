@@ -381,7 +381,8 @@ def write(report: dict[str, Any], stem: Path) -> None:
 
 
 def _summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over rounds of each round's p50 and p99, idle and busy."""
+    """Medians over rounds of each round's p50 and p99, idle and busy; and each round's gap
+    (its busy p99 minus its idle p99: the target's measure), None for a round that failed."""
     good = [r for r in rounds if "failed" not in r]
     out: dict[str, Any] = {"rounds_ok": len(good), "rounds": len(rounds)}
     for phase in ("idle", "busy"):
@@ -389,8 +390,21 @@ def _summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         for stat in ("p50_ms", "p99_ms"):
             values = [p[stat] for p in per_round]
             out[f"{phase}_{stat}"] = statistics.median(values) if values else None
+    out["gaps_ms"] = [_gap(r) for r in rounds]
     out["full_hits"] = all(not r.get("notes") for r in good)
     return out
+
+
+def _gap(result: dict[str, Any]) -> float | None:
+    if "failed" in result or not result["idle_ms"] or not result["busy_ms"]:
+        return None
+    busy, idle = percentiles(result["busy_ms"]), percentiles(result["idle_ms"])
+    return float(busy["p99_ms"] - idle["p99_ms"])
+
+
+def _median_gap(gaps: list[float | None]) -> str:
+    values = [gap for gap in gaps if gap is not None]
+    return f"{statistics.median(values):.1f}" if values else "-"
 
 
 def _line(result: dict[str, Any]) -> str:
@@ -411,19 +425,21 @@ def render(report: dict[str, Any]) -> str:
         "round's percentiles; every lookup a full L1 hit unless noted.",
         "",
         "| contender | rounds ok | idle p50 ms | idle p99 ms | busy p50 ms | busy p99 ms "
-        "| busy p99 - idle p99 | full hits |",
-        "|---|---|---|---|---|---|---|---|",
+        "| gap per round (busy p99 - idle p99) | median gap | median gap over null | full hits |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    null_gaps = report["summary"].get("null", {}).get("gaps_ms")
     for name, s in report["summary"].items():
-        gap = (
-            f"{s['busy_p99_ms'] - s['idle_p99_ms']:.1f}"
-            if s.get("busy_p99_ms") is not None and s.get("idle_p99_ms") is not None
-            else "-"
-        )
+        gaps = s.get("gaps_ms", [])
+        over_null = "-"
+        if null_gaps is not None and name != "null":  # rounds are interleaved: pair them
+            pairs = zip(gaps, null_gaps, strict=False)
+            over_null = _median_gap([a - b if None not in (a, b) else None for a, b in pairs])
         lines.append(
             f"| {name} | {s['rounds_ok']}/{s['rounds']} | {_ms(s.get('idle_p50_ms'))} "
             f"| {_ms(s.get('idle_p99_ms'))} | {_ms(s.get('busy_p50_ms'))} "
-            f"| {_ms(s.get('busy_p99_ms'))} | {gap} | {s['full_hits']} |"
+            f"| {_ms(s.get('busy_p99_ms'))} | {', '.join(map(_ms, gaps))} "
+            f"| {_median_gap(gaps)} | {over_null} | {s['full_hits']} |"
         )
     if "null" in report["summary"]:
         lines += [
