@@ -36,10 +36,7 @@ from adp_gateway.reception import Reception
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
 from adp_gateway.tenants import Tenants
-from adp_wire.protocol import (
-    Hello,
-    Status,
-)
+from adp_wire.protocol import Hello, Status
 from adp_wire.ring.layout import RingLayout
 from adp_wire.ring.queue import check_host
 from adp_wire.units import format_size
