@@ -2,7 +2,8 @@
 
 Layers, imported one way only (tests/unit/test_layering.py checks it)::
 
-    __main__ -> service -> session -> scheduler, card.base (the Card seam)
-                       \\-> card.loader -> card.memory, card.software (index, region log, devices)
-                       \\-> protocol, ring (also imported by the plugin, lmcache_adp)
+    __main__ -> service -> session -> scheduler, objects.store (objects as fragments)
+                                        \\-> card.base (the Card seam: named values)
+                                        \\-> card.loader -> card.memory, card.software
+    adp_wire (protocol, ring, fragmenter: the contract, also imported by the plugin)
 """

@@ -27,6 +27,7 @@ from adp_gateway.card.software.recovery import first_header, read_footer, walk
 from adp_gateway.card.software.sealing import row_of, write_footer
 from adp_gateway.errors import StartupError
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
+from adp_gateway.objects.names import Version, parse
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 from adp_wire.units import format_size
@@ -38,7 +39,8 @@ class Report:
     regions: int = 0
     records: int = 0
     bytes_read: int = 0
-    objects: int = 0
+    objects: int = 0  # whole: every fragment's record found (adp_gateway/objects/names.py)
+    foreign: int = 0  # records of values that are no object's fragment (an older layout)
     damage: list[str] = field(default_factory=list)
     footers_missing: int = 0
     footers_wrong: int = 0
@@ -48,9 +50,13 @@ class Report:
         return (
             f"checked {self.databases} database(s), {self.regions} region(s) in use: "
             f"{self.records} records ({format_size(self.bytes_read)} read), {self.objects} "
-            f"complete objects; {len(self.damage)} damaged; {self.footers_missing} region(s) "
+            f"complete objects{self._foreign()}; {len(self.damage)} damaged; "
+            f"{self.footers_missing} region(s) "
             f"without a footer, {self.footers_wrong} with a wrong one; {self.fixed} repair(s)"
         )
+
+    def _foreign(self) -> str:
+        return f", {self.foreign} values of an older layout" if self.foreign else ""
 
 
 def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], None]) -> Report:
@@ -60,8 +66,7 @@ def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], No
         geometry = [_superblock(path, device) for path, device in zip(paths, devices, strict=True)]
         total = sum(count for count, _, _ in geometry)
         done = 0
-        fragments: dict[tuple[str, str, int], set[int]] = defaultdict(set)
-        counts: dict[tuple[str, str, int], int] = {}
+        fragments: dict[tuple[str, str, Version], set[int]] = defaultdict(set)
         for database, (device, (count, region_bytes, salt)) in enumerate(
             zip(devices, geometry, strict=True)
         ):
@@ -70,13 +75,15 @@ def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], No
                 reader = RegionReader(device, PAGE_BYTES + region * region_bytes, region_bytes)
                 where = f"database {database} ({paths[database]}) region {region}"
                 for header in _check_region(reader, salt, where, fix, report):
-                    if header.kind == Kind.DATA:
-                        version = (header.tenant, header.key, header.seq)
-                        fragments[version].add(header.fragment_index)
-                        counts[version] = header.fragment_count
+                    fragment = parse(header.key) if header.kind == Kind.DATA else None
+                    if fragment is not None:
+                        version = (header.tenant, fragment.key, fragment.version)
+                        fragments[version].add(fragment.place)
+                    elif header.kind == Kind.DATA:
+                        report.foreign += 1
                 done += 1
                 progress(report, done, total)
-        report.objects = sum(len(found) == counts[v] for v, found in fragments.items())
+        report.objects = sum(len(found) == v[2].fragments for v, found in fragments.items())
         if fix:
             for device in devices:
                 device.sync()
@@ -106,10 +113,7 @@ def _check_region(
         report.records += 1
         report.bytes_read += header.record_bytes
         if header.kind == Kind.DATA and not _payload_intact(reader, offset, header):
-            report.damage.append(
-                f"{where} offset {offset}: {header.tenant}/{header.key} fragment "
-                f"{header.fragment_index}: payload fails its checksum"
-            )
+            report.damage.append(f"{where} offset {offset}: {_damaged(header)}")
             if fix:
                 reader.device.write([aligned(HEADER_BYTES)], reader.start + offset)
                 report.fixed += 1
@@ -180,3 +184,12 @@ class ProgressLine:
         bar.update(done - bar.n)
         if done == total:
             bar.close()
+
+
+def _damaged(header: RecordHeader) -> str:
+    """What a record whose payload fails its checksum holds, as an operator names it."""
+    fragment = parse(header.key)
+    if fragment is None:
+        return f"{header.tenant}/{header.key}: payload fails its checksum (an older layout)"
+    what = f"{header.tenant}/{fragment.key} fragment {fragment.place}"
+    return f"{what}: payload fails its checksum (version {fragment.version.number})"

@@ -1,6 +1,7 @@
 """The gateway's side of the presence tables (adp_wire/presence.py): one per tenant, kept in step
-with the card, which reports every key it adds or drops (``CardContext.holdings``), and shared
-read-only with each session of that tenant at its handshake.
+with the object store, which reports every key it comes to hold or lets go (card/holdings.py;
+the store's catalog, adp_gateway/objects/catalog.py), and shared read-only with each session of
+that tenant at its handshake.
 
 A key is placed within ``PROBES_MAX`` cells of its home; one that finds no free cell there is
 left out, and the table says it is not complete until every left-out key is gone. A removal

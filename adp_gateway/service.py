@@ -21,8 +21,7 @@ from typing import Any
 
 from adp_gateway import config as config_module
 from adp_gateway import hugepages, unix_socket
-from adp_gateway.card.base import Card, CardContext
-from adp_gateway.card.loader import open_card
+from adp_gateway.card.base import CardContext
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
@@ -30,6 +29,7 @@ from adp_gateway.errors import HandshakeRefused
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
+from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.presence import Presence
 from adp_gateway.presence import slots_for as presence_slots_for
 from adp_gateway.reception import Reception
@@ -95,7 +95,7 @@ class Gateway:
                 self.store.sync_all, self.config.sync_interval_ms / 1000
             )
 
-    def _open_store(self) -> Card:
+    def _open_store(self) -> ObjectStore:
         """Open the card the config names (adp_gateway/card/loader.py) and rebuild its index."""
 
         def wrap_device(database: int, path: str, device: Device) -> Device:
@@ -104,7 +104,7 @@ class Gateway:
             return health
 
         context = CardContext(self.scheduler.writes_landed, wrap_device, self.presence)
-        store = open_card(self.config, context)
+        store = open_store(self.config, context)
         paths = self.config.database_paths
         started = time.monotonic()
         count = store.recover()

@@ -29,12 +29,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from adp_gateway.card.base import Card
 from adp_gateway.errors import ProtocolError
 from adp_gateway.extents import checksums_offset, l1_pages, window_range
 from adp_gateway.l1 import L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
+from adp_gateway.objects.store import ObjectStore
 from adp_gateway.presence import Presence
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.work import L1Readers, SessionWork, results
@@ -70,7 +70,7 @@ class Session:
         tenant: str,
         peer: str,
         layout: RingLayout,
-        store: Card,
+        store: ObjectStore,
         scheduler: Scheduler,
         on_close: Callable[[Session], None],
         metrics: Metrics,

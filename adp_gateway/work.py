@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from adp_gateway.card.base import Card
 from adp_gateway.errors import StorageError
 from adp_gateway.loads import Load
 from adp_gateway.metrics import Metrics
+from adp_gateway.objects.store import ObjectStore
 from adp_gateway.scheduler import Priority, Scheduler, Task
 from adp_wire.protocol import Op, Status
 from adp_wire.ring.layout import Submission
@@ -84,7 +84,7 @@ class SessionWork:
         session_id: int,
         tenant: str,
         name: str,
-        store: Card,
+        store: ObjectStore,
         scheduler: Scheduler,
         metrics: Metrics,
         complete: Complete,

@@ -12,7 +12,7 @@ Inside the gateway (in this process): the gateway's own card (adp_gateway.servic
 listening) holding ``--index-entries`` objects, and the gateway's own Session on a socketpair,
 its ``run`` loop on a thread as in the gateway. A sample is one EXISTS batch from the doorbell
 to its last completion in the completion queue: the session's wake-up, its checks, key
-decoding, Card.exists, the per-key results and the completions, all the product's code. The
+decoding, ObjectStore.exists, the per-key results and the completions, all the product's code. The
 keys are split into ring requests the way the plugin splits them (at most RUN_BYTES_MAX bytes
 of keys each), so a 1,000-key batch is the requests the gateway really gets. Target: 1,000 keys
 under 1 ms p99.
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from adp_gateway import config as gateway_config
-from adp_gateway.card.base import Card
+from adp_gateway.objects.store import ObjectStore
 from adp_gateway.service import Gateway as GatewayProcess
 from adp_gateway.session import Session
 from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Status
@@ -151,7 +151,7 @@ def inside_gateway(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _fill(store: Card, keys: list[str], object_bytes: int) -> None:
+def _fill(store: ObjectStore, keys: list[str], object_bytes: int) -> None:
     extent = memoryview(mmap.mmap(-1, align_up(object_bytes)))  # as the transfer window is
     for key in keys:
         store.put(TENANT, key, extent, object_bytes)

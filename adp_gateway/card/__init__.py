@@ -1,2 +1,3 @@
-"""The card seam: the key-value surface the gateway stores fragments through (base.py), its
-implementations (software/, memory.py) and the loader that picks one from the config."""
+"""The card seam: the key-value surface the object store (adp_gateway/objects/) stores the
+fragments of objects through (base.py), its implementations (software/, memory.py) and the
+loader that picks one from the config."""

@@ -1,46 +1,45 @@
-"""The card seam: the one interface the gateway above (sessions, scheduler, service, tenants)
-stores through. Everything below it (how records are laid out, indexed, evicted and recovered)
-is the card's own business.
+"""The card seam: the card's own key-value surface, the one interface the object store above
+(adp_gateway/objects/: fragment plans, object manifests and versions, tenant namespaces) stores
+through. Everything below it (how values are laid out, indexed, evicted and recovered) is the
+card's own business.
 
-The surface is key-value. A value is one object of a tenant, named by ``(tenant, key)``; the
-card stores it as fragments of at most ``fragment_bytes`` (its value size), fragment ``i`` on
-database ``fragment_plan(...)[i].database`` (adp_wire/fragmenter.py decides, so every card
-stripes an object the same way and the scheduler can plan a store before it runs). Databases are
-the card's independent queues (one per drive on the software card): I/O on one never waits for
-another's.
+A card holds values: byte strings of at most ``value_bytes``, each named by a string within a
+namespace (the object store uses one namespace per tenant, and names each fragment of an object
+after the object, its version and the fragment's place: objects/names.py). A value is put on one
+of the card's databases, its independent queues (one per drive on the software card): I/O on one
+never waits for another's.
 
 Contract, for every implementation (tests/unit/test_card_contract.py runs it on each):
 
 =================  ===============================================================================
 call               promise
 =================  ===============================================================================
-``put``            persists ``extent[:object_bytes]``; afterwards ``exists`` is True and ``get``
-                   returns those bytes, until a ``delete``, an overwrite or an eviction. An object
-                   already stored with the same length is not written again (keys name content).
-                   Another length replaces the old version, which never comes back. Raises
-                   ``StorageError`` when the card failed; nothing is then published.
-``get``            True only when every byte read into ``extent`` was verified; else a miss (False),
-                   never wrong bytes. A corrupt value is dropped. ``get_many``: the same for
-                   several values, each with its own answer.
-``delete``         per key, whether it was there; a deleted value never comes back, even after a
+``put``            persists each value's ``payload[:length]`` on its database; afterwards
+                   ``exists`` is True and ``get`` returns those bytes, until a ``delete``, another
+                   put of that name or an eviction. A put of a held name replaces it, and the old
+                   value never comes back. Raises ``StorageError`` when the card failed; no value
+                   of the call is then held.
+``get``            per value, True only when every byte read into ``into`` was verified; else a
+                   miss (False), never wrong bytes. A corrupt value is dropped.
+``delete``         per name, whether it was held; a deleted value never comes back, even after a
                    restart. Raises ``StorageError`` (nothing deleted) when it cannot be recorded.
 ``exists``         answered from memory, never from the device.
-``holdings``       the card tells ``CardContext.holdings`` of every key it comes to hold
-                   (a put of a new key, recovery) and every key it lets go (a delete, an
-                   eviction, a value found corrupt), so the gateway's presence tables
-                   (adp_gateway/presence.py) answer as ``exists`` would.
+``holdings``       the card tells ``CardContext.holdings`` of every name it comes to hold (a put
+                   of a new name, recovery) and every name it lets go (a delete, an eviction, a
+                   value found corrupt): that is how the object store learns of evictions.
 ``recover``        call once, before anything else: rebuilds what a persistent card held (a
-                   volatile card starts empty) and returns how many values it found.
+                   volatile card starts empty), reports it to ``holdings`` (``recovered``, per
+                   namespace) and returns how many values it found.
 ``sync_all``       every write so far is durable (a no-op on a volatile card).
 ``close``          durable and closed; the card is not used again.
 =================  ===============================================================================
 
 Capacity: ``used_bytes <= capacity_bytes`` always; a full card evicts (in its own order) to make
-room, so a ``put`` never fails for want of space. A tenant with a quota (``pool_bytes``) evicts
-only its own values.
+room, so a ``put`` never fails for want of space. A namespace with a quota (the config's tenants'
+``quota``) evicts only its own values; ``pool_bytes`` says what it holds.
 
-Buffers: ``extent`` is page aligned, its length a multiple of 4 KiB; the card only reads it
-during ``put`` and writes it during ``get``, and keeps no reference after the call returns.
+Buffers: ``payload`` and ``into`` are page aligned and padded to 4 KiB; the card only reads a
+payload during ``put`` and writes ``into`` during ``get``, and keeps no reference after the call.
 
 Thread-safety: every call may run concurrently from the gateway's I/O threads, except
 ``recover`` (before the first) and ``close`` (after the last).
@@ -52,11 +51,9 @@ import abc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from adp_gateway.card.holdings import Holdings
-from adp_gateway.format import key_hash  # places an object's first fragment: part of the layout
-from adp_wire import fragmenter
 
 if TYPE_CHECKING:
     from adp_gateway.card.software.devices.base import Device
@@ -68,11 +65,30 @@ __all__ = [
     "CardContext",
     "CardStatistics",
     "Holdings",
+    "Value",
     "Wanted",
-    "key_hash",
 ]
 
-Wanted = tuple[str, memoryview, int]  # a load: key, the extent to read into, object bytes
+
+class Value(NamedTuple):
+    """A value to put: ``payload[:length]``, named ``name``, on ``database``. ``checksum``: the
+    xxh3_64 of those bytes when the client computed it (a zero-copy store: ``payload`` is then
+    the client's memory, which the card must not pad or modify, and a value whose bytes changed
+    under the write fails its first ``get``); None, and the card computes it."""
+
+    database: int
+    name: str
+    payload: memoryview
+    length: int
+    checksum: int | None = None
+
+
+class Wanted(NamedTuple):
+    """A value to get: ``name``, expected ``length`` bytes long, read into ``into``."""
+
+    name: str
+    into: memoryview
+    length: int
 
 
 class BuiltinCard(StrEnum):
@@ -84,13 +100,9 @@ class BuiltinCard(StrEnum):
 
 @dataclass(frozen=True)
 class CardStatistics:
-    objects: int
+    values: int
     used_bytes: int
     capacity_bytes: int
-    loads: int
-    load_misses: int
-    stores: int
-    stores_skipped: int
     verify_failures: int
     reclaims: int  # evictions of a region (software card) or a value (memory card)
     tombstones: int
@@ -98,13 +110,14 @@ class CardStatistics:
 
 @dataclass(frozen=True)
 class CardContext:
-    """What the gateway hands a card it opens.
+    """What the object store hands a card it opens.
 
     ``on_written``: a put calls it from its thread once its writes have landed, before it waits
     for a sync (the scheduler then lets the next store's writes go). ``wrap_device(database,
     path, device)``: a card with devices passes each through it, and uses what it returns (the
     gateway counts each device's errors for its status, and tests inject faults); cards
-    without devices never call it. ``holdings``: see card/holdings.py."""
+    without devices never call it. ``holdings``: hears of the names the card holds
+    (card/holdings.py)."""
 
     on_written: Callable[[], None]
     wrap_device: Callable[[int, str, Device], Device]
@@ -112,14 +125,14 @@ class CardContext:
 
 
 class Card(abc.ABC):
-    """A key-value card. Subclasses implement the abstract calls; the fragment plan is shared."""
+    """A key-value card of named values in namespaces, on databases."""
 
     persistent: ClassVar[bool]  # whether values survive a close and reopen (``recover``)
 
     @classmethod
     @abc.abstractmethod
     def open(cls, config: GatewayConfig, context: CardContext) -> Card:
-        """The card the config describes (its databases, capacity, fragment size, quotas);
+        """The card the config describes (its databases, capacity, value size, quotas);
         not yet recovered. Raises StartupError or ConfigError with a hint."""
 
     @property
@@ -128,43 +141,32 @@ class Card(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def fragment_bytes(self) -> int:
-        """The value size: no fragment is larger."""
+    def value_bytes(self) -> int:
+        """The value size: no value is longer."""
 
     @abc.abstractmethod
-    def put(
-        self,
-        tenant: str,
-        key: str,
-        extent: memoryview,
-        object_bytes: int,
-        checksums: list[int] | None = None,
-    ) -> None:
-        """Persist ``extent[:object_bytes]``. ``checksums`` (one per fragment) come with a
-        zero-copy store: ``extent`` is then the client's memory, which the card must not pad or
-        modify; a value whose bytes changed under the write fails its first load."""
+    def put(self, namespace: str, values: list[Value]) -> None:
+        """Persist every value (durable when it returns, as the config's ``sync`` says); the
+        card may write them in parallel, each database's together."""
 
     @abc.abstractmethod
-    def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool: ...
-
-    def get_many(self, tenant: str, objects: list[Wanted]) -> list[bool]:
-        """``get`` of each ``(key, extent, object_bytes)``; a card may read them together
-        (the session hands a doorbell's small loads over as one)."""
-        return [self.get(tenant, key, extent, size) for key, extent, size in objects]
+    def get(self, namespace: str, wanted: list[Wanted]) -> list[bool]:
+        """Read each value into its ``into``, all in one pass over the databases where the card
+        can; True where every byte was verified."""
 
     @abc.abstractmethod
-    def delete(self, tenant: str, keys: Iterable[str]) -> list[bool]: ...
+    def delete(self, namespace: str, names: Iterable[str]) -> list[bool]: ...
 
     @abc.abstractmethod
-    def exists(self, tenant: str, keys: list[str]) -> list[bool]: ...
+    def exists(self, namespace: str, names: list[str]) -> list[bool]: ...
 
     @abc.abstractmethod
-    def databases_holding(self, tenant: str, keys: list[str]) -> frozenset[int]:
-        """The databases a load or delete of these objects touches (for the scheduler)."""
+    def databases_holding(self, namespace: str, names: list[str]) -> frozenset[int]:
+        """The databases a get or delete of these values touches (for the scheduler)."""
 
     @abc.abstractmethod
-    def pool_bytes(self, tenant: str) -> tuple[int, int]:
-        """The bytes ``tenant``'s quota pool holds, and the most it may hold."""
+    def pool_bytes(self, namespace: str) -> tuple[int, int]:
+        """The bytes ``namespace``'s quota pool holds, and the most it may hold."""
 
     @abc.abstractmethod
     def recover(self) -> int: ...
@@ -178,17 +180,3 @@ class Card(abc.ABC):
     @abc.abstractmethod
     def statistics(self) -> CardStatistics:
         """A frozen snapshot, including ``capacity_bytes`` and ``used_bytes``."""
-
-    def fragment_count(self, object_bytes: int) -> int:
-        """How many fragments (and checksums) an object of ``object_bytes`` is stored as."""
-        return fragmenter.count(object_bytes, self.fragment_bytes)
-
-    def fragment_plan(self, tenant: str, key: str, object_bytes: int) -> list[fragmenter.Fragment]:
-        """Where each fragment of this object goes."""
-        return fragmenter.plan(
-            object_bytes, self.fragment_bytes, self.databases, key_hash(tenant, key)
-        )
-
-    def databases_to_store(self, tenant: str, key: str, object_bytes: int) -> frozenset[int]:
-        """The databases a store of this object writes (for the scheduler)."""
-        return frozenset(f.database for f in self.fragment_plan(tenant, key, object_bytes))

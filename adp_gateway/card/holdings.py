@@ -1,5 +1,6 @@
-"""What a card tells the gateway of the keys it holds, so the gateway's presence tables
-(adp_gateway/presence.py) answer lookups as the card's ``exists`` would (card/base.py)."""
+"""Who hears of the names a holder holds. A card tells the object store above it of its values
+(adp_gateway/objects/), and the object store tells the gateway's presence tables of its objects
+(adp_gateway/presence.py), so that each answers lookups as the ``exists`` below it would."""
 
 from __future__ import annotations
 
@@ -8,28 +9,28 @@ from typing import Protocol
 
 
 class Holdings(Protocol):
-    """Who hears of the keys a card holds: ``recovered`` with the keys a recovery found (per
-    tenant, before anything else), ``added`` when a key comes to be held (not when a held key
-    is overwritten), ``removed`` when it is no longer held. Calls may come from any thread,
-    and while the card holds its own locks: they never call back into the card."""
+    """``recovered`` with the names a recovery found (per namespace, before anything else),
+    ``added`` when a name comes to be held (not when a held name is overwritten), ``removed``
+    when it is no longer held. Calls may come from any thread, and while the holder holds its
+    own locks: they never call back into it."""
 
-    def recovered(self, tenant: str, keys: Iterable[str]) -> None: ...
+    def recovered(self, namespace: str, names: Iterable[str], /) -> None: ...
 
-    def added(self, tenant: str, key: str) -> None: ...
+    def added(self, namespace: str, name: str, /) -> None: ...
 
-    def removed(self, tenant: str, key: str) -> None: ...
+    def removed(self, namespace: str, name: str, /) -> None: ...
 
 
 class NoHoldings:
-    """Holdings nobody hears: for a card made without a gateway (tests, tools)."""
+    """Holdings nobody hears: for a card or store made without a gateway (tests, tools)."""
 
-    def recovered(self, tenant: str, keys: Iterable[str]) -> None:
+    def recovered(self, namespace: str, names: Iterable[str], /) -> None:
         pass
 
-    def added(self, tenant: str, key: str) -> None:
+    def added(self, namespace: str, name: str, /) -> None:
         pass
 
-    def removed(self, tenant: str, key: str) -> None:
+    def removed(self, namespace: str, name: str, /) -> None:
         pass
 
 

@@ -3,12 +3,12 @@ starts empty, as its ``recover`` says.
 
 It exists to prove the card seam (docs/design.md, "The card seam"): it runs the same contract
 suite as the software card (tests/unit/test_card_contract.py), and a gateway with ``card:
-memory`` serves clients like any other. It keeps each fragment's checksum, so a zero-copy store
-whose bytes changed under the write is a miss at its first load here too.
+memory`` serves clients like any other. It keeps each value's checksum, so a zero-copy store
+whose bytes changed under the write is a miss at its first get here too.
 
-Space: a value counts its fragments' bytes, each rounded up to 4 KiB (as a record's payload is).
-A tenant with a quota evicts only its own values to stay within it; the others share what the
-quotas leave, and evict one another's.
+Space: a value counts its bytes rounded up to 4 KiB (as a record's payload is). A namespace with
+a quota evicts only its own values to stay within it; the others share what the quotas leave,
+and evict one another's.
 """
 
 from __future__ import annotations
@@ -18,23 +18,22 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings
+from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Value, Wanted
 from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import StorageError
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import align_up
 
-ObjectId = tuple[str, str]  # (tenant, key)
-SHARED = ""  # the pool of the tenants without a quota
+ValueId = tuple[str, str]  # (namespace, name)
+SHARED = ""  # the pool of the namespaces without a quota
 
 
 @dataclass(frozen=True)
-class _Value:
+class _Held:
     data: bytes
-    checksums: tuple[int, ...]  # one per fragment
-    databases: frozenset[int]
-    stored_bytes: int
+    checksum: int
+    database: int
 
 
 class MemoryCard(Card):
@@ -44,23 +43,21 @@ class MemoryCard(Card):
         self,
         databases: int,
         capacity_bytes: int,
-        fragment_bytes: int,
+        value_bytes: int,
         quotas: Mapping[str, int] | None = None,
         holdings: Holdings = NO_HOLDINGS,
     ) -> None:
-        """``quotas``: tenant -> the bytes it may hold; the others share what is left."""
-        assert databases > 0 and fragment_bytes > 0
+        """``quotas``: namespace -> the bytes it may hold; the others share what is left."""
+        assert databases > 0 and value_bytes > 0
         self._databases = databases
         self._capacity_bytes = capacity_bytes
-        self._fragment_bytes = fragment_bytes
+        self._value_bytes = value_bytes
         self._quotas = dict(quotas or {})
         self._holdings = holdings
         self._lock = threading.Lock()
-        self._values: OrderedDict[ObjectId, _Value] = OrderedDict()  # least recently used first
+        self._values: OrderedDict[ValueId, _Held] = OrderedDict()  # least recently used first
         self._pool_used: dict[str, int] = {}
-        self._counts = dict.fromkeys(
-            ("loads", "load_misses", "stores", "stores_skipped", "verify_failures", "reclaims"), 0
-        )
+        self._verify_failures = self._reclaims = 0
 
     @classmethod
     def open(cls, config: GatewayConfig, context: CardContext) -> MemoryCard:
@@ -79,78 +76,63 @@ class MemoryCard(Card):
         return self._databases
 
     @property
-    def fragment_bytes(self) -> int:
-        return self._fragment_bytes
+    def value_bytes(self) -> int:
+        return self._value_bytes
 
-    def put(
-        self,
-        tenant: str,
-        key: str,
-        extent: memoryview,
-        object_bytes: int,
-        checksums: list[int] | None = None,
-    ) -> None:
-        plan = self.fragment_plan(tenant, key, object_bytes)
-        data = bytes(extent[:object_bytes])
-        if checksums is None:
-            checksums = [checksum(extent[f.offset : f.offset + f.length]) for f in plan]
-        stored_bytes = sum(align_up(f.length) for f in plan)
-        value = _Value(data, tuple(checksums), frozenset(f.database for f in plan), stored_bytes)
+    def put(self, namespace: str, values: list[Value]) -> None:
+        pool = self._pool(namespace)
+        held = []
+        for value in values:
+            assert value.length <= self._value_bytes and 0 <= value.database < self._databases
+            data = bytes(value.payload[: value.length])
+            value_sum = checksum(data) if value.checksum is None else value.checksum
+            held.append(((namespace, value.name), _Held(data, value_sum, value.database)))
         with self._lock:
-            old = self._values.get((tenant, key))
-            if old is not None and len(old.data) == object_bytes:
-                self._counts["stores_skipped"] += 1
-                return
-            if old is not None:
-                self._remove((tenant, key))
-            self._make_room(self._pool(tenant), stored_bytes)
-            self._values[(tenant, key)] = value
-            self._add_used(self._pool(tenant), stored_bytes)
-            self._holdings.added(tenant, key)
-            self._counts["stores"] += 1
+            try:
+                for value_id, value_held in held:
+                    self._remove(value_id)
+                    self._make_room(pool, align_up(len(value_held.data)))
+                    self._values[value_id] = value_held
+                    self._add_used(pool, align_up(len(value_held.data)))
+                    self._holdings.added(*value_id)
+            except StorageError:
+                for value_id, _ in held:
+                    self._remove(value_id)  # no value of a failed put is held
+                raise
 
-    def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
+    def get(self, namespace: str, wanted: list[Wanted]) -> list[bool]:
+        return [self._get((namespace, name), into, length) for name, into, length in wanted]
+
+    def _get(self, value_id: ValueId, into: memoryview, length: int) -> bool:
         with self._lock:
-            self._counts["loads"] += 1
-            value = self._values.get((tenant, key))
-            if value is None or len(value.data) != object_bytes:
-                self._counts["load_misses"] += 1
+            held = self._values.get(value_id)
+            if held is None or len(held.data) != length:
                 return False
-            self._values.move_to_end((tenant, key))
-        extent[:object_bytes] = value.data
-        if not self._intact(tenant, key, extent, object_bytes, value):
-            with self._lock:
-                self._counts["verify_failures"] += 1
-                self._counts["load_misses"] += 1
-                if self._values.get((tenant, key)) is value:
-                    self._remove((tenant, key))
-            return False
-        return True
-
-    def _intact(
-        self, tenant: str, key: str, extent: memoryview, object_bytes: int, value: _Value
-    ) -> bool:
-        plan = self.fragment_plan(tenant, key, object_bytes)
-        return all(
-            checksum(extent[f.offset : f.offset + f.length]) == value.checksums[f.number]
-            for f in plan
-        )
-
-    def delete(self, tenant: str, keys: Iterable[str]) -> list[bool]:
+            self._values.move_to_end(value_id)
+        into[:length] = held.data
+        if checksum(into[:length]) == held.checksum:
+            return True
         with self._lock:
-            return [self._remove((tenant, key)) for key in keys]
+            self._verify_failures += 1
+            if self._values.get(value_id) is held:
+                self._remove(value_id)
+        return False
 
-    def exists(self, tenant: str, keys: list[str]) -> list[bool]:
+    def delete(self, namespace: str, names: Iterable[str]) -> list[bool]:
         with self._lock:
-            return [(tenant, key) in self._values for key in keys]
+            return [self._remove((namespace, name)) for name in names]
 
-    def databases_holding(self, tenant: str, keys: list[str]) -> frozenset[int]:
+    def exists(self, namespace: str, names: list[str]) -> list[bool]:
         with self._lock:
-            found = (self._values.get((tenant, key)) for key in keys)
-            return frozenset(d for value in found if value is not None for d in value.databases)
+            return [(namespace, name) in self._values for name in names]
 
-    def pool_bytes(self, tenant: str) -> tuple[int, int]:
-        pool = self._pool(tenant)
+    def databases_holding(self, namespace: str, names: list[str]) -> frozenset[int]:
+        with self._lock:
+            found = (self._values.get((namespace, name)) for name in names)
+            return frozenset(held.database for held in found if held is not None)
+
+    def pool_bytes(self, namespace: str) -> tuple[int, int]:
+        pool = self._pool(namespace)
         with self._lock:
             return self._pool_used.get(pool, 0), self._pool_limit(pool)
 
@@ -168,15 +150,16 @@ class MemoryCard(Card):
     def statistics(self) -> CardStatistics:
         with self._lock:
             return CardStatistics(
-                objects=len(self._values),
+                values=len(self._values),
                 used_bytes=sum(self._pool_used.values()),
                 capacity_bytes=self._capacity_bytes,
+                verify_failures=self._verify_failures,
+                reclaims=self._reclaims,
                 tombstones=0,
-                **self._counts,
             )
 
-    def _pool(self, tenant: str) -> str:
-        return tenant if tenant in self._quotas else SHARED
+    def _pool(self, namespace: str) -> str:
+        return namespace if namespace in self._quotas else SHARED
 
     def _pool_limit(self, pool: str) -> int:
         if pool != SHARED:
@@ -194,17 +177,17 @@ class MemoryCard(Card):
                 "raise `capacity` or the quota"
             )
         while self._pool_used.get(pool, 0) + stored_bytes > limit:
-            victim = next(oid for oid in self._values if self._pool(oid[0]) == pool)
+            victim = next(vid for vid in self._values if self._pool(vid[0]) == pool)
             self._remove(victim)
-            self._counts["reclaims"] += 1
+            self._reclaims += 1
 
-    def _remove(self, object_id: ObjectId) -> bool:
+    def _remove(self, value_id: ValueId) -> bool:
         """Under the lock."""
-        value = self._values.pop(object_id, None)
-        if value is None:
+        held = self._values.pop(value_id, None)
+        if held is None:
             return False
-        self._add_used(self._pool(object_id[0]), -value.stored_bytes)
-        self._holdings.removed(*object_id)
+        self._add_used(self._pool(value_id[0]), -align_up(len(held.data)))
+        self._holdings.removed(*value_id)
         return True
 
     def _add_used(self, pool: str, delta: int) -> None:

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from adp_gateway.format import RECORD_MAGIC, Kind, unpack_header, unpack_superblock
+from adp_gateway.objects.names import parse
 from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until
@@ -185,7 +186,8 @@ class OnDisk(NamedTuple):
 
 
 def fragments_in(path: Path) -> dict[str, dict[int, OnDisk]]:
-    """Every valid data record in a database file or device: key -> fragment index -> record.
+    """Every valid data record in a database file or device: key -> fragment index -> record
+    (a record holds one fragment, named after its object: adp_gateway/objects/names.py).
 
     A record is a header with magic b"ADPFRAG1" on a 4 KiB boundary whose checksum holds under
     the salt in the database's superblock (so a payload cannot pass for one), then its payload.
@@ -199,13 +201,14 @@ def fragments_in(path: Path) -> dict[str, dict[int, OnDisk]]:
     while at != -1:
         if at % PAGE_BYTES == 0:
             header = unpack_header(memoryview(data)[at : at + PAGE_BYTES], superblock.salt)
+            named = parse(header.key) if header is not None else None  # objects/names.py
             if header is not None and header.kind == Kind.DATA and header.tenant == TENANT:
+                assert named is not None, f"{header.key}: not the name of a fragment"
                 payload = data[at + PAGE_BYTES : at + PAGE_BYTES + header.fragment_bytes]
-                fragments = found.setdefault(header.key, {})
-                assert header.fragment_index not in fragments, f"{header.key} twice in {path}"
-                fragments[header.fragment_index] = OnDisk(
-                    header.fragment_offset, header.fragment_count, payload
-                )
+                fragments = found.setdefault(named.key, {})
+                assert named.place not in fragments, f"{header.key} twice in {path}"
+                offset, _ = named.version.span(named.place)
+                fragments[named.place] = OnDisk(offset, named.version.fragments, payload)
         at = data.find(RECORD_MAGIC, at + 1)
     return found
 

@@ -98,8 +98,8 @@ def test_disk_errors_and_a_full_disk_fail_only_the_ops_they_touch(faulty: Faulty
 
     faulty.inject(database=0, fail="read", errno=errno.EIO, count=3)
     hits = client.load(stored)
-    # Each failed read costs at most its own object: a read of several objects together that
-    # fails is retried one object at a time (FragmentIO.read_isolated).
+    # Each failed read costs at most its own object: a read of several values together that
+    # fails is retried one value at a time (ValueIO.read_isolated in the software card).
     assert hits.count(False) <= 3
     assert "read from database 0 failed: [Errno 5]" in faulty.log()
     assert client.exists(list(stored)) == [True] * len(stored)  # a read error is not damage

@@ -48,6 +48,8 @@ from typing import Any, Protocol, TypeVar
 import msgpack
 
 from adp_gateway import format as record_format
+from adp_gateway.card.base import Wanted
+from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.card.software import card as software_card
 from adp_gateway.card.software import recovery as regionscan
 from adp_gateway.card.software import sealing as footer_module
@@ -79,6 +81,8 @@ from adp_gateway.format import (
     unpack_header,
 )
 from adp_gateway.metrics import Metrics
+from adp_gateway.objects.catalog import Catalog
+from adp_gateway.objects.store import ObjectStore
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
 from adp_wire import fragmenter, protocol
@@ -631,14 +635,16 @@ FAR = 2**62  # a deadline that never passes
 REFUSED, ANSWERED, QUEUED = "refused", "answered", "queued"
 
 
-def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES) -> SoftwareCard:
+def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES) -> ObjectStore:
+    """An object store over a software card of small regions on ``device``; not recovered."""
     holder: list[SoftwareCard] = []
     region_log = RegionLog(
         [device], STORE_REGION_BYTES, lambda *region: holder[0].on_reclaim(*region)
     )
-    store = SoftwareCard(region_log, fragment_bytes, sync=True)
-    holder.append(store)
-    return store
+    catalog = Catalog(NO_HOLDINGS)
+    card = SoftwareCard(region_log, fragment_bytes, sync=True, holdings=catalog)
+    holder.append(card)
+    return ObjectStore(card, catalog)
 
 
 def page_buffer(data: bytes) -> memoryview:
@@ -652,7 +658,7 @@ class Client:
     """One session of the gateway, and the plugin's view of its shared memory."""
 
     def __init__(
-        self, session_id: int, tenant: str, store: SoftwareCard, scheduler: Scheduler
+        self, session_id: int, tenant: str, store: ObjectStore, scheduler: Scheduler
     ) -> None:
         ours, self._theirs = socket.socketpair()
         self.session = Session(
@@ -1383,24 +1389,28 @@ def verify_hit(
 
 @target
 def target_recovery(src: Source) -> None:
-    """SoftwareCard.recover over such a device does not raise; every object it finds exists, and a
-    load of it either misses or returns bytes the raw device confirms (headers naming it,
-    payloads matching their checksums, covering the whole object); the store then stores and
-    loads a new object."""
+    """The recovery of a store over a software card on such a device does not raise; every value
+    the card finds exists, and a get of it either misses or returns bytes the raw device confirms
+    (headers naming it, payloads matching their checksums, covering the whole value; records of
+    the older layout, one object's fragments, included); the store then stores and loads a new
+    object."""
     disk = draw_disk(src)
     device = disk.device()
     store = small_store(device, DISK_FRAGMENT_BYTES)
+    card = store.card
+    assert isinstance(card, SoftwareCard)
     try:
         store.recover()
-        recovered = list(store.index._objects.items())
-        for (tenant, key), _ in recovered:
-            assert store.exists(tenant, [key]) == [True], (tenant, key)
-        for object_id, manifest in recovered:
-            if store.index.get(object_id) is not manifest or manifest.object_bytes > 2**20:
+        recovered = list(card.index._objects.items())
+        for (namespace, name), _ in recovered:
+            assert card.exists(namespace, [name]) == [True], (namespace, name)
+        for value_id, manifest in recovered:
+            if card.index.get(value_id) is not manifest or manifest.object_bytes > 2**20:
                 continue  # evicted meanwhile (a miss appends a tombstone, which may reclaim)
             buf = page_buffer(bytes(manifest.object_bytes))
-            if store.get(*object_id, buf, manifest.object_bytes):
-                verify_hit(contents(device), disk.salt, object_id, manifest, buf)
+            wanted = Wanted(value_id[1], buf, manifest.object_bytes)
+            if card.get(value_id[0], [wanted]) == [True]:
+                verify_hit(contents(device), disk.salt, value_id, manifest, buf)
         size = pick(src, [0, 1, PAGE_BYTES, 3 * PAGE_BYTES + 1])
         data = random.Random(size).randbytes(size)
         store.put("fresh", "k", page_buffer(data), size)

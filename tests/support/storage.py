@@ -7,11 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
+from adp_gateway.card.holdings import NO_HOLDINGS, Holdings
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import Pools, RegionLog
+from adp_gateway.card.software.regions import Location
+from adp_gateway.objects.catalog import Catalog
+from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import align_up
 
 REGION = 256 * 2**10
@@ -24,15 +28,31 @@ def make_devices(kind: str, tmp_path: Path, count: int, size: int) -> list[Devic
     return [FileDevice(str(tmp_path / f"db{i}.adp"), size) for i in range(count)]
 
 
-def open_store(
-    devices: list[Device], sync: bool = True, pools: Pools | None = None
+def open_card(
+    devices: list[Device],
+    sync: bool = True,
+    pools: Pools | None = None,
+    holdings: Holdings = NO_HOLDINGS,
 ) -> SoftwareCard:
+    """A software card over ``devices``, not yet recovered."""
     holder: list[SoftwareCard] = []
     region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools)
-    store = SoftwareCard(region_log, FRAGMENT, sync=sync)
-    holder.append(store)
+    card = SoftwareCard(region_log, FRAGMENT, sync=sync, holdings=holdings)
+    holder.append(card)
+    return card
+
+
+def open_store(devices: list[Device], sync: bool = True, pools: Pools | None = None) -> ObjectStore:
+    """An object store over a software card over ``devices``, recovered."""
+    catalog = Catalog(NO_HOLDINGS)
+    store = ObjectStore(open_card(devices, sync, pools, catalog), catalog)
     store.recover()
     return store
+
+
+def software_card(store: ObjectStore) -> SoftwareCard:
+    assert isinstance(store.card, SoftwareCard)
+    return store.card
 
 
 def extent(data: bytes) -> memoryview:
@@ -44,3 +64,12 @@ def extent(data: bytes) -> memoryview:
 
 def payload(seed: int, size: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def locations(store: ObjectStore, tenant: str, key: str) -> list[Location]:
+    """Where each fragment of the object held lies on the software card under ``store``."""
+    version = store.version(tenant, key)
+    assert version is not None, f"{tenant}/{key} is not held"
+    index = software_card(store).index
+    found = [index.get((tenant, name)) for name in version.names(key)]
+    return [manifest.locations[0] for manifest in found if manifest is not None]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.__main__ import main
-from tests.support.storage import extent, make_devices, open_store, payload
+from tests.support.storage import extent, locations, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * 256 * 2**10
 
@@ -37,11 +37,10 @@ def test_a_damaged_payload_is_reported_then_fixed(
 ) -> None:
     objects = fill(tmp_path)
     store = open_store(make_devices("file", tmp_path, 1, SIZE))
-    victim = store.index.get(("t", "k3"))
-    assert victim is not None
+    victim = locations(store, "t", "k3")[0]
     store.close()
     with open(tmp_path / "db0.adp", "r+b") as f:
-        f.seek(victim.locations[0].offset + 4096 + 777)
+        f.seek(victim.offset + 4096 + 777)
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))

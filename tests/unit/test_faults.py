@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices import filedevice
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.errors import StorageError
+from adp_gateway.objects.store import ObjectStore
 from tests.support.storage import REGION, extent, make_devices, open_store, payload
 
 SIZE = 4096 + 64 * REGION  # large enough that nothing is evicted in these runs
@@ -69,7 +69,7 @@ class Oracle:
 
 
 def run(
-    store: SoftwareCard,
+    store: ObjectStore,
     oracle: Oracle,
     devices: list[FaultyDevice],
     rng: random.Random,
@@ -111,11 +111,11 @@ def run(
             pass  # a failed op: the oracle keeps both outcomes possible
 
 
-def check_key(store: SoftwareCard, oracle: Oracle, key: str, require: bool) -> None:
+def check_key(store: ObjectStore, oracle: Oracle, key: str, require: bool) -> None:
     allowed = oracle.allowed(key)
-    manifest = store.index.get(("t", key))
-    found = None if manifest is None else manifest.object_bytes
-    if manifest is not None:
+    version = store.version("t", key)
+    found = None if version is None else version.object_bytes
+    if version is not None:
         out = extent(bytes(found or 1))
         if store.get("t", key, out, found or 0):
             assert bytes(out[: found or 0]) == content(key, found or 0), f"{key}: wrong bytes"

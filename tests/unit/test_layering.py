@@ -21,7 +21,7 @@ WIRE_LAYERS = [
 ]
 GATEWAY_LAYERS = [
     {"adp_gateway.errors"},
-    {"adp_gateway.format", "adp_gateway.l1", "adp_gateway.hugepages"},
+    {"adp_gateway.format", "adp_gateway.l1", "adp_gateway.hugepages", "adp_gateway.objects.names"},
     {
         "adp_gateway.metrics",
         "adp_gateway.status",
@@ -39,7 +39,11 @@ GATEWAY_LAYERS = [
         "adp_gateway.card.software.devices.faulty",
         "adp_gateway.card.software.devices.preparer",
         "adp_gateway.health",
+        "adp_gateway.config",
     },
+    # The card seam: the key-value surface every card implements; the object store above
+    # (adp_gateway.objects) talks only to it, and the loader picks the card.
+    {"adp_gateway.card.base"},
     # The software card, one module per concern (docs/design.md, "The card seam").
     {"adp_gateway.card.software.regions"},
     {
@@ -52,15 +56,14 @@ GATEWAY_LAYERS = [
     {"adp_gateway.card.software.records", "adp_gateway.card.software.recovery"},
     {"adp_gateway.card.software.regionlog", "adp_gateway.check"},
     {
-        "adp_gateway.card.software.fragments",
+        "adp_gateway.card.software.values",
         "adp_gateway.card.software.catalog",
         "adp_gateway.scheduler",
-        "adp_gateway.config",
     },
-    # The card seam: the gateway above talks only to card.base (the loader picks the card).
-    {"adp_gateway.card.base"},
     {"adp_gateway.card.memory", "adp_gateway.card.software.card"},
-    {"adp_gateway.card.loader"},
+    {"adp_gateway.card.loader", "adp_gateway.objects.catalog"},
+    # Objects over the card: what the gateway's sessions store through.
+    {"adp_gateway.objects.store"},
     {"adp_gateway.loads", "adp_gateway.extents"},
     {"adp_gateway.work"},
     {"adp_gateway.session", "adp_gateway.unix_socket"},
@@ -75,6 +78,7 @@ PACKAGES = {
     "adp_gateway.card",
     "adp_gateway.card.software",
     "adp_gateway.card.software.devices",
+    "adp_gateway.objects",
 }
 
 

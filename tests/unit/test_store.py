@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from adp_gateway.card.base import Value
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import RegionLog
-from tests.support.storage import REGION, extent, make_devices, open_store, payload
+from tests.support.storage import REGION, extent, locations, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * REGION
 
@@ -57,7 +58,7 @@ def test_corrupt_payload_is_a_miss_and_is_dropped() -> None:
     store = open_store([device])
     data = payload(9, 50_000)
     store.put("t", "k", extent(data), len(data))
-    location = store.index.get(("t", "k")).locations[0]  # type: ignore[union-attr]
+    location = locations(store, "t", "k")[0]
     device.corrupt(location.offset + 4096 + 1234)
     assert read(store, "k", len(data)) is None
     assert store.exists("t", ["k"]) == [False]
@@ -174,10 +175,17 @@ def test_a_store_reports_its_writes_landed_before_it_waits_for_its_sync() -> Non
     commit it waits for, so the scheduler can let the next store write meanwhile."""
     events: list[str] = []
     region_log = RegionLog([SyncLog(4096 + 8 * REGION, events)], REGION, lambda *r: [])
-    store = SoftwareCard(
+    card = SoftwareCard(
         region_log, 64 * 2**10, sync=True, on_written=lambda: events.append("written")
     )
-    store.recover()
+    card.recover()
     events.clear()
-    store.put("t", "k", extent(payload(1, 100_000)), 100_000)
+    data = extent(payload(1, 100_000))
+    card.put(
+        "t",
+        [
+            Value(0, "k0", data[: 64 * 2**10], 64 * 2**10),
+            Value(0, "k1", data[64 * 2**10 :], 100_000 - 64 * 2**10),
+        ],
+    )
     assert events == ["written", "sync"]

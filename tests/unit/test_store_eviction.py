@@ -12,29 +12,36 @@ from pathlib import Path
 import pytest
 import tqdm.std
 
-from adp_gateway.card.software.card import SoftwareCard
+from adp_gateway.card.base import Wanted
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regions import Location
 from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.config import GatewayConfig, resolve_capacity
+from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import PAGE_BYTES
-from tests.support.storage import FRAGMENT, REGION, extent, open_store, payload
+from tests.support.storage import (
+    FRAGMENT,
+    REGION,
+    extent,
+    locations,
+    open_store,
+    payload,
+    software_card,
+)
 
 SIZE = 4096 + 8 * REGION  # one database of eight regions
 
 
-def read(store: SoftwareCard, key: str, size: int) -> bytes | None:
+def read(store: ObjectStore, key: str, size: int) -> bytes | None:
     out = extent(bytes(size))
     return bytes(out[:size]) if store.get("t", key, out, size) else None
 
 
-def region_of(store: SoftwareCard, key: str) -> int:
-    manifest = store.index.get(("t", key))
-    assert manifest is not None
-    return manifest.locations[0].region
+def region_of(store: ObjectStore, key: str) -> int:
+    return locations(store, "t", key)[0].region
 
 
-def flood(store: SoftwareCard, count: int, hot: dict[str, bytes], tag: str = "cold") -> None:
+def flood(store: ObjectStore, count: int, hot: dict[str, bytes], tag: str = "cold") -> None:
     """Write ``count`` new 40 KB objects, reading every ``hot`` object after every fourth."""
     for i in range(count):
         store.put("t", f"{tag}{i}", extent(payload(i % 5, 40_000)), 40_000)
@@ -67,7 +74,7 @@ def test_deleted_objects_free_space_before_anything_live_is_evicted() -> None:
     assert store.exists("t", [f"b{i}" for i in range(count)]) == [True] * count
 
 
-def fill_region(store: SoftwareCard, key: str) -> None:
+def fill_region(store: ObjectStore, key: str) -> None:
     """Write filler until the open region is no longer the one holding ``key``."""
     region = region_of(store, key)
     i = 0
@@ -100,8 +107,8 @@ def test_an_overwritten_object_never_returns_in_its_old_length() -> None:
     store.put("t", "k", extent(payload(3, 30_000)), 30_000)  # another length: a new version
     assert read(store, "k", 30_000) == payload(3, 30_000)
     flood(store, 3 * store.statistics().capacity_bytes // 40_000, hot)
-    manifest = open_store([device]).index.get(("t", "k"))
-    assert manifest is None or manifest.object_bytes == 30_000
+    version = open_store([device]).version("t", "k")
+    assert version is None or version.object_bytes == 30_000
 
 
 def test_used_space_and_objects_are_the_same_after_a_restart() -> None:
@@ -173,12 +180,18 @@ def test_a_region_being_read_is_not_reclaimed_under_the_read() -> None:
 def test_a_load_that_races_its_objects_eviction_is_a_plain_miss(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """On the card: a value looked up just before its region was reclaimed, then read."""
     store = open_store([MemoryDevice(SIZE)])
     store.put("t", "victim", extent(payload(1, 40_000)), 40_000)
-    manifest = store.index.get(("t", "victim"))
+    version = store.version("t", "victim")
+    assert version is not None
+    name, card = version.names("victim")[0], software_card(store)
+    manifest = card.index.get(("t", name))
+    assert manifest is not None
     flood(store, 2 * store.statistics().capacity_bytes // 40_000, {})
-    store.index.put(("t", "victim"), manifest)  # as if looked up just before the reclaim
-    assert not store.get("t", "victim", extent(bytes(40_000)), 40_000)
+    assert store.exists("t", ["victim"]) == [False]
+    card.index.put(("t", name), manifest)  # as if looked up just before the reclaim
+    assert card.get("t", [Wanted(name, extent(bytes(40_000)), 40_000)]) == [False]
     assert store.statistics().verify_failures == 0
     assert "not what the index says" not in caplog.text
 
@@ -194,7 +207,7 @@ def image_of(device: MemoryDevice) -> MemoryDevice:
     return copy
 
 
-def bury_in_a_full_log(store: SoftwareCard) -> None:
+def bury_in_a_full_log(store: ObjectStore) -> None:
     """Store ``gone`` alone in the first region, delete it (its tombstone goes beside ``f0`` in
     the second), and fill the rest: the next region taken is gone's, reclaimed."""
     store.put("t", "gone", extent(payload(1, ONE_REGION)), ONE_REGION)

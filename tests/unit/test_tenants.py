@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from adp_gateway import config as gateway_config
-from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.regionlog import Pools
 from adp_gateway.errors import ConfigError
+from adp_gateway.objects.store import ObjectStore
 from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from adp_wire.protocol import Hello
 from tests.support.storage import REGION, extent, open_store, payload
@@ -122,32 +122,32 @@ POOLS = Pools({"a": 3, "b": 3})
 OBJECT_BYTES = 40_000  # one fragment; about six per region
 
 
-def store_at(tmp_path: Path, pools: Pools = POOLS) -> SoftwareCard:
+def store_at(tmp_path: Path, pools: Pools = POOLS) -> ObjectStore:
     devices = [FileDevice(str(tmp_path / f"db{i}.adp"), DATABASE_BYTES) for i in range(2)]
     return open_store(devices, pools=pools)
 
 
-def put_all(store: SoftwareCard, tenant: str, objects: dict[str, bytes]) -> None:
+def put_all(store: ObjectStore, tenant: str, objects: dict[str, bytes]) -> None:
     for key, data in objects.items():
         store.put(tenant, key, extent(data), len(data))
 
 
-def read(store: SoftwareCard, tenant: str, key: str, size: int = OBJECT_BYTES) -> bytes | None:
+def read(store: ObjectStore, tenant: str, key: str, size: int = OBJECT_BYTES) -> bytes | None:
     out = extent(bytes(size))
     return bytes(out[:size]) if store.get(tenant, key, out, size) else None
 
 
-def flood(store: SoftwareCard, tenant: str, times: int, check: Callable[[], None]) -> None:
+def flood(store: ObjectStore, tenant: str, times: int, check: Callable[[], None]) -> None:
     """``tenant`` writes ``times`` its whole quota's worth of new objects."""
-    _, limit = store._log.pool_bytes(tenant)
+    _, limit = store.pool_bytes(tenant)
     for i in range(times * limit // OBJECT_BYTES):
         store.put(tenant, f"flood{i}", extent(payload(i % 7, OBJECT_BYTES)), OBJECT_BYTES)
         if i % 16 == 0:
             check()
 
 
-def within_quota(store: SoftwareCard, tenant: str) -> None:
-    held, limit = store._log.pool_bytes(tenant)
+def within_quota(store: ObjectStore, tenant: str) -> None:
+    held, limit = store.pool_bytes(tenant)
     assert held <= limit, f"tenant {tenant!r} holds {held} bytes, its quota is {limit}"
 
 
@@ -191,7 +191,7 @@ def test_quotas_hold_across_restarts(tmp_path: Path) -> None:
     store.close()
     store = store_at(tmp_path)
     within_quota(store, "a")
-    assert store._log.pool_bytes("a")[0] > 0
+    assert store.pool_bytes("a")[0] > 0
     flood(store, "a", 2, lambda: within_quota(store, "a"))
     flood(store, "c", 2, lambda: within_quota(store, "c"))
     for key, data in theirs.items():
@@ -202,11 +202,11 @@ def test_quotas_hold_across_restarts(tmp_path: Path) -> None:
 def test_a_lowered_quota_gives_its_regions_back_when_others_need_them(tmp_path: Path) -> None:
     store = store_at(tmp_path)
     flood(store, "a", 1, lambda: None)
-    assert store._log.pool_bytes("a")[0] == 6 * REGION
+    assert store.pool_bytes("a")[0] == 6 * REGION
     store.close()
     store = store_at(tmp_path, Pools({"a": 2, "b": 3}))
     flood(store, "c", 2, lambda: None)
-    assert store._log.pool_bytes("a")[0] == 6 * REGION  # nobody needed its regions yet
+    assert store.pool_bytes("a")[0] == 6 * REGION  # nobody needed its regions yet
     flood(store, "b", 1, lambda: within_quota(store, "b"))
     within_quota(store, "a")
     store.close()

@@ -1,39 +1,37 @@
-"""The software card (``card: software``): objects over the region log. What it holds (manifests,
-tombstones, versions) is catalog.py's, how fragments are written and read fragments.py's, and
-recovery recovery.py's.
+"""The software card (``card: software``): named values over the region log, each value one
+record. What it holds (manifests, tombstones, sequence numbers) is catalog.py's, how records are
+written and read values.py's, and recovery recovery.py's.
 
-Crash ordering: an object's fragments are written (and synced, under ``sync: always``) before its
-manifest is published in the catalog; a delete buries the version under a tombstone before it
-leaves the index, and so does an overwrite with another length before it writes the new version.
-On restart the catalog is rebuilt from the records on disk: the newest complete version of each
-object wins unless a newer tombstone deletes it.
+Crash ordering: a value's record is written (and synced, under ``sync: always``) before its
+manifest is published in the catalog; a delete buries the value under a tombstone before it
+leaves the index, and so does a put over a held name before it writes the new record. On restart
+the catalog is rebuilt from the records on disk: the newest record of each name wins unless a
+newer tombstone deletes it.
 
-Every read is verified before it is reported loaded: each fragment's header must name the same
-tenant, key, version and position, and its payload must match its checksum. Anything else is a
-miss, logged, and the object is dropped from the index (invariant 1).
+Every read is verified before it is reported: the record's header must name the same namespace,
+name and sequence number, and its payload must match its checksum. Anything else is a miss,
+logged, and the value is dropped from the index (invariant 1).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Wanted
+from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Value, Wanted
 from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.card.software.catalog import Catalog
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
-from adp_gateway.card.software.fragments import FragmentIO, intact
-from adp_gateway.card.software.index import Index, Manifest, ObjectId
+from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.values import ValueIO, intact
 from adp_gateway.config import GatewayConfig, region_quotas
 from adp_gateway.format import RecordHeader
 
 log = logging.getLogger(__name__)
-_COUNTED = ("loads", "load_misses", "stores", "stores_skipped", "verify_failures")
 
 
 class SoftwareCard(Card):
@@ -42,7 +40,7 @@ class SoftwareCard(Card):
     def __init__(
         self,
         region_log: RegionLog,
-        fragment_bytes_max: int,
+        value_bytes: int,
         sync: bool,
         on_written: Callable[[], None] | None = None,
         prepare: bool = False,
@@ -52,16 +50,16 @@ class SoftwareCard(Card):
         ``on_written`` is called by a store's thread when its writes have landed, before it
         waits for that sync (the scheduler then lets the next store's writes go). ``prepare``:
         after ``recover``, write never-written regions once in the background. ``holdings``
-        hears of every key the index gains or loses (card/holdings.py)."""
+        hears of every name the index gains or loses (card/holdings.py)."""
         self._log = region_log
-        self._fragment_bytes_max = fragment_bytes_max
+        self._value_bytes = value_bytes
         self._sync = sync
         self._on_written = on_written or (lambda: None)
         self._prepare = prepare
         self._catalog = Catalog(region_log, holdings)
-        self._counts: dict[str, int] = defaultdict(int)
+        self._verify_failures = 0
         self._counts_lock = threading.Lock()  # the I/O threads count at once
-        self._fragments = FragmentIO(region_log)
+        self._io = ValueIO(region_log)
 
     @classmethod
     def open(cls, config: GatewayConfig, context: CardContext) -> SoftwareCard:
@@ -71,11 +69,11 @@ class SoftwareCard(Card):
 
     @property
     def index(self) -> Index:
-        """The manifests of the objects held (tests and ``adp-gateway check`` inspect it)."""
+        """The manifests of the values held (tests and ``adp-gateway check`` inspect it)."""
         return self._catalog.index
 
     def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
-        """The region log reclaims a region: forget its objects, return tombstones to carry."""
+        """The region log reclaims a region: forget its values, return tombstones to carry."""
         return self._catalog.on_reclaim(database, region, epoch)
 
     @property
@@ -83,108 +81,78 @@ class SoftwareCard(Card):
         return self._log.databases
 
     @property
-    def fragment_bytes(self) -> int:
-        return self._fragment_bytes_max
+    def value_bytes(self) -> int:
+        return self._value_bytes
 
-    def databases_holding(self, tenant: str, keys: list[str]) -> frozenset[int]:
-        """The databases a load or delete of these objects touches (for the scheduler)."""
-        found = (self.index.get((tenant, key)) for key in keys)
+    def databases_holding(self, namespace: str, names: list[str]) -> frozenset[int]:
+        found = (self.index.get((namespace, name)) for name in names)
         return frozenset(loc.database for m in found if m is not None for loc in m.locations)
 
-    def pool_bytes(self, tenant: str) -> tuple[int, int]:
-        """The bytes of regions ``tenant``'s pool holds, and the most it may hold."""
-        return self._log.pool_bytes(tenant)
+    def pool_bytes(self, namespace: str) -> tuple[int, int]:
+        """The bytes of regions ``namespace``'s pool holds, and the most it may hold."""
+        return self._log.pool_bytes(namespace)
 
-    def exists(self, tenant: str, keys: list[str]) -> list[bool]:
-        return self.index.contains(tenant, keys)
+    def exists(self, namespace: str, names: list[str]) -> list[bool]:
+        return self.index.contains(namespace, names)
 
-    def put(
-        self,
-        tenant: str,
-        key: str,
-        extent: memoryview,
-        object_bytes: int,
-        checksums: list[int] | None = None,
-    ) -> None:
-        """Persist ``extent[:object_bytes]``; ``extent`` is page aligned and padded to 4 KiB.
-
-        ``checksums`` (one per fragment, from ``fragment_count``) are the payload checksums the
-        client computed for a zero-copy store: then ``extent`` is the client's L1, which the
-        gateway only hands to the kernel (never reads or pads). A store whose bytes changed
-        under the write is caught by those checksums at its first load.
-
-        An object already stored with the same length is not written again: keys name content
-        (LMCache's chunk hashes), so the bytes are the same.
-        """
-        existing = self.index.get((tenant, key))
-        if existing is not None and existing.object_bytes == object_bytes:
-            self._count("stores_skipped", 1)
-            return
+    def put(self, namespace: str, values: list[Value]) -> None:
+        """Each value as one record; a held name is buried under a tombstone first (synced with
+        the new records), so its old value never comes back."""
         synced = set()
-        if existing is not None and self._catalog.drop((tenant, key), existing):
-            # Another length: the old version must never come back, so its tombstone is synced
-            # with the new version.
-            synced.add(existing.locations[0].database)
-        if checksums is None:
-            extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
+        for value in values:
+            existing = self.index.get((namespace, value.name))
+            if existing is not None and self._catalog.drop((namespace, value.name), existing):
+                synced.add(existing.locations[0].database)
         seq = self._catalog.next_seq()
-        plan = self.fragment_plan(tenant, key, object_bytes)
-
-        locations = self._fragments.write((tenant, key), seq, extent, plan, checksums)
+        locations = self._io.write(namespace, seq, values)
         self._on_written()
         if self._sync:
             self._log.sync(synced | {loc.database for loc in locations})
-        manifest = Manifest(seq, object_bytes, self._fragment_bytes_max, tuple(locations))
-        self._catalog.publish((tenant, key), manifest)
-        self._count("stores", 1)
+        for value, location in zip(values, locations, strict=True):
+            manifest = Manifest(seq, value.length, max(value.length, 1), (location,))
+            self._catalog.publish((namespace, value.name), manifest)
 
-    def get(self, tenant: str, key: str, extent: memoryview, object_bytes: int) -> bool:
-        """Read the object into ``extent``; True only when every byte was verified."""
-        return self.get_many(tenant, [(key, extent, object_bytes)])[0]
-
-    def get_many(self, tenant: str, objects: list[Wanted]) -> list[bool]:
-        """Read each object into its extent, all in one pass over the databases (fragments
-        that lie back to back on disk share a vectored read); True where every byte was
-        verified."""
-        self._count("loads", len(objects))
-        found = [False] * len(objects)
-        wanted: list[tuple[int, Manifest]] = []
-        for number, (key, _, object_bytes) in enumerate(objects):
-            manifest = self.index.get((tenant, key))
-            if manifest is not None and manifest.object_bytes == object_bytes:
-                wanted.append((number, manifest))
-        reads = self._fragments.read_isolated([(m, objects[n][1]) for n, m in wanted], tenant)
-        for (number, manifest), read in zip(wanted, reads, strict=True):
-            key, extent, _ = objects[number]
+    def get(self, namespace: str, wanted: list[Wanted]) -> list[bool]:
+        """Read each value into its ``into``, all in one pass over the databases (records that
+        lie back to back on disk share a vectored read); True where every byte was verified."""
+        found = [False] * len(wanted)
+        reads: list[tuple[int, Manifest]] = []
+        for number, (name, _, length) in enumerate(wanted):
+            manifest = self.index.get((namespace, name))
+            if manifest is not None and manifest.object_bytes == length:
+                reads.append((number, manifest))
+        got = self._io.read_isolated([(m, wanted[n].into) for n, m in reads], namespace)
+        for (number, manifest), read in zip(reads, got, strict=True):
             if read is not None:
-                found[number] = self._verified((tenant, key), manifest, read, extent)
-        self._count("load_misses", found.count(False))
+                value_id = (namespace, wanted[number].name)
+                found[number] = self._verified(value_id, manifest, read, wanted[number].into)
         return found
 
     def _verified(
         self,
-        object_id: ObjectId,
+        value_id: ValueId,
         manifest: Manifest,
         headers: list[RecordHeader | None],
-        extent: memoryview,
+        into: memoryview,
     ) -> bool:
-        """Whether the fragments read into ``extent`` are this version's, intact; a corrupt
-        one drops the object (invariant 1), an evicted one is a plain miss."""
+        """Whether the records read into ``into`` are this value's, intact; a corrupt one drops
+        the value (invariant 1), an evicted one is a plain miss."""
         if None in headers and not all(map(self._log.is_current, manifest.locations)):
             return False  # evicted since it was looked up
         for index, header in enumerate(headers):
-            if not intact(object_id, manifest, index, header, extent):
-                self._count("verify_failures", 1)
-                self._catalog.drop(object_id, manifest)
+            if not intact(value_id, manifest, index, header, into):
+                with self._counts_lock:
+                    self._verify_failures += 1
+                self._catalog.drop(value_id, manifest)
                 return False
         return True
 
-    def delete(self, tenant: str, keys: Iterable[str]) -> list[bool]:
+    def delete(self, namespace: str, names: Iterable[str]) -> list[bool]:
         results = []
         synced: set[int] = set()
-        for key in keys:
-            manifest = self.index.get((tenant, key))
-            dropped = manifest is not None and self._catalog.drop((tenant, key), manifest)
+        for name in names:
+            manifest = self.index.get((namespace, name))
+            dropped = manifest is not None and self._catalog.drop((namespace, name), manifest)
             results.append(dropped)
             if dropped:
                 assert manifest is not None
@@ -194,7 +162,7 @@ class SoftwareCard(Card):
         return results
 
     def recover(self) -> int:
-        """Rebuild the catalog from disk; returns the number of objects found. Then, when the
+        """Rebuild the catalog from disk; returns the number of values found. Then, when the
         config asks, the preparer starts writing never-written regions."""
         found = self._catalog.recover()
         if self._prepare:
@@ -206,26 +174,18 @@ class SoftwareCard(Card):
         self._log.sync(set(range(self._log.databases)))
 
     def close(self) -> None:
-        self._fragments.close()
+        self._io.close()
         self._log.close()
 
     def statistics(self) -> CardStatistics:
         return CardStatistics(
-            objects=len(self.index),
+            values=len(self.index),
             used_bytes=self._log.used_bytes,
             capacity_bytes=self._log.capacity_bytes,
             reclaims=self._log.reclaims,
             tombstones=self._catalog.tombstones,
-            **self._counted(),
+            verify_failures=self._verify_failures,
         )
-
-    def _count(self, name: str, increment: int) -> None:
-        with self._counts_lock:
-            self._counts[name] += increment
-
-    def _counted(self) -> dict[str, int]:
-        with self._counts_lock:
-            return {name: self._counts[name] for name in _COUNTED}
 
 
 def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
@@ -248,7 +208,7 @@ def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
     )
     card = SoftwareCard(
         region_log,
-        config.fragment_size,
+        config.fragment_size,  # the value size
         sync=config.sync == "always",
         on_written=context.on_written,
         prepare=config.prepare_databases,

@@ -1,4 +1,4 @@
-"""What the software card holds, apart from the bytes: each object's current version (the index of
+"""What the software card holds, apart from the bytes: each value's current record (the index of
 manifests), the tombstones that bury deleted and overwritten versions, and the sequence numbers
 that order versions and tombstones on disk.
 
@@ -17,7 +17,7 @@ import logging
 import threading
 
 from adp_gateway.card.holdings import NO_HOLDINGS, Holdings
-from adp_gateway.card.software.index import Index, Manifest, ObjectId
+from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.tombstones import Tombstones
@@ -43,35 +43,35 @@ class Catalog:
         with self._seq_lock:
             return next(self._seq)
 
-    def publish(self, object_id: ObjectId, manifest: Manifest) -> None:
-        """Make ``manifest`` (its records written) the object's current version."""
+    def publish(self, value_id: ValueId, manifest: Manifest) -> None:
+        """Make ``manifest`` (its records written) the value's current one."""
         self._log.retain(manifest.locations)
-        unused = self.index.put(object_id, manifest)
+        unused = self.index.put(value_id, manifest)
         if unused is not None:
             self._log.release(unused.locations)
 
-    def drop(self, object_id: ObjectId, manifest: Manifest) -> bool:
+    def drop(self, value_id: ValueId, manifest: Manifest) -> bool:
         """Bury this version under a tombstone, then remove it from the index, so that a restart
         agrees with the index; False when the index holds another version by now. Raises
         StorageError, with nothing changed, when the tombstone cannot be written."""
-        tombstone = RecordHeader(Kind.TOMBSTONE, self.next_seq(), *object_id, 0)
+        tombstone = RecordHeader(Kind.TOMBSTONE, self.next_seq(), *value_id, 0)
         at = self._log.append(manifest.locations[0].database, tombstone, None)
-        if self.index.remove(object_id, manifest.seq) is None:
+        if self.index.remove(value_id, manifest.seq) is None:
             return False
         self._log.release(manifest.locations)
         with self._tombstones_lock:
-            self._tombstones.add(object_id, tombstone.seq, at, manifest.locations)
+            self._tombstones.add(value_id, tombstone.seq, at, manifest.locations)
         return True
 
     def on_reclaim(self, database: int, region: int, epoch: int) -> list[RecordHeader]:
-        """The region log reclaims a region: forget its objects, return tombstones to carry."""
+        """The region log reclaims a region: forget its values, return tombstones to carry."""
         dropped = self.index.reclaim(database, region, epoch)
         for manifest in dropped:
             self._log.release(manifest.locations)
         with self._tombstones_lock:
             carried = self._tombstones.carry(database, region, self._log.on_disk)
         log.debug(
-            "reclaimed database %d region %d: %d objects evicted, %d tombstones carried",
+            "reclaimed database %d region %d: %d values evicted, %d tombstones carried",
             database,
             region,
             len(dropped),
@@ -81,7 +81,7 @@ class Catalog:
 
     def recover(self) -> int:
         """Rebuild the index and tombstones from the log's records (the first call, before any
-        other); returns the number of objects found."""
+        other); returns the number of values found."""
         top_seq = rebuild(
             self._log.scan(ProgressLog()), self.index, self._tombstones, self._log.retain
         )

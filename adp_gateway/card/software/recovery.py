@@ -1,5 +1,5 @@
 """Recovery of the software card, all in one place: reading each region back without trusting
-anything (its footer, or a walk of its headers), then rebuilding the objects from its records.
+anything (its footer, or a walk of its headers), then rebuilding the values from its records.
 
 ``read_footer`` returns what a sealed region's footer lists (sealing.py), or None. A ``walk``
 goes header by header from the region's start, through a 1 MiB read-ahead window so that small
@@ -11,8 +11,9 @@ Every record carries its region's epoch (a new one for every filling), so a scan
 a record left from an older filling. A region walked gets its footer written then, so the next
 restart is fast.
 
-``recover_objects`` turns the records into the index: the newest complete version of each
-object wins, unless a newer tombstone deletes it; a tombstone that still shadows a record on
+``recover_values`` turns the records into the index: the newest complete version of each
+value wins (a value is one record, or several of the layout before the fragment-level card),
+unless a newer tombstone deletes it; a tombstone that still shadows a record on
 disk is kept (tombstones.py), so it is carried when its region is reclaimed.
 """
 
@@ -27,7 +28,7 @@ from typing import NamedTuple, Never
 from tqdm import tqdm
 
 from adp_gateway.card.software.devices.reader import RegionReader
-from adp_gateway.card.software.index import Index, Manifest, ObjectId
+from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regions import Database, Location, LogState, Region
 from adp_gateway.card.software.sealing import (
@@ -44,7 +45,7 @@ from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
-Buried = tuple[ObjectId, int, Location, list[Location]]  # a tombstone: seq, where, what it shadows
+Buried = tuple[ValueId, int, Location, list[Location]]  # a tombstone: seq, where, what it shadows
 
 
 class RegionRecords(NamedTuple):
@@ -58,7 +59,7 @@ class RegionRecords(NamedTuple):
 
 
 class Recovered(NamedTuple):
-    objects: dict[str, dict[str, Manifest]]  # tenant -> key -> newest live version
+    values: dict[str, dict[str, Manifest]]  # namespace -> name -> newest live version
     tombstones: list[Buried]
     top_seq: int
 
@@ -132,27 +133,27 @@ def rebuild(
 ) -> int:
     """Load what ``found_regions`` (a scan) hold into the empty ``index`` and ``tombstones``,
     tell the log which records are in use (``retain``); return the highest sequence number."""
-    found = recover_objects(found_regions)
-    for object_id, seq, at, shadowed in found.tombstones:
-        tombstones.add(object_id, seq, at, shadowed)
-    index.load(found.objects)
-    objects = found.objects.values()
-    retain(tuple(loc for keys in objects for m in keys.values() for loc in m.locations))
+    found = recover_values(found_regions)
+    for value_id, seq, at, shadowed in found.tombstones:
+        tombstones.add(value_id, seq, at, shadowed)
+    index.load(found.values)
+    values = found.values.values()
+    retain(tuple(loc for names in values for m in names.values() for loc in m.locations))
     return found.top_seq
 
 
-def recover_objects(found_regions: Iterable[RegionRecords]) -> Recovered:
-    """The objects ``found`` (a scan's regions) hold: the index, the tombstones that still
+def recover_values(found_regions: Iterable[RegionRecords]) -> Recovered:
+    """The values ``found`` (a scan's regions) hold: the index, the tombstones that still
     shadow records, and the highest sequence number.
 
-    The newest complete version of each object wins, unless a newer tombstone deletes it.
-    Written for speed (100,000 objects in well under a second): it works on footer rows
+    The newest complete version of each value wins, unless a newer tombstone deletes it.
+    Written for speed (100,000 values in well under a second): it works on footer rows
     and builds a Location and a Manifest only per record, nothing more.
     """
     best: dict[str, dict[str, Manifest]] = defaultdict(dict)  # tenant -> key -> newest
-    older: dict[ObjectId, list[Manifest]] = defaultdict(list)  # complete, superseded
-    fragmented: dict[tuple[ObjectId, int], dict[int, _Fragment]] = defaultdict(dict)
-    tombstones: dict[ObjectId, tuple[int, Location]] = {}
+    older: dict[ValueId, list[Manifest]] = defaultdict(list)  # complete, superseded
+    fragmented: dict[tuple[ValueId, int], dict[int, _Fragment]] = defaultdict(dict)
+    tombstones: dict[ValueId, tuple[int, Location]] = {}
     top_seq = 0
     new = tuple.__new__  # what a NamedTuple's constructor calls, without its Python frame
     for found in found_regions:
@@ -172,22 +173,22 @@ def recover_objects(found_regions: Iterable[RegionRecords]) -> Recovered:
                 fragmented[((tenant, key), seq)][index] = (location, size, at, length, count)
             elif kind == _TOMBSTONE and tombstones.get((tenant, key), (0,))[0] < seq:
                 tombstones[(tenant, key)] = (seq, location)
-    for (object_id, seq), fragments in fragmented.items():
+    for (value_id, seq), fragments in fragmented.items():
         assembled = _assemble(seq, fragments)
         if assembled is not None:
-            objects = best[object_id[0]]
-            if objects.setdefault(object_id[1], assembled) is not assembled:
-                _offer(objects, older, object_id, assembled)
+            objects = best[value_id[0]]
+            if objects.setdefault(value_id[1], assembled) is not assembled:
+                _offer(objects, older, value_id, assembled)
     buried: list[Buried] = []
-    for object_id, (seq, tombstone_at) in tombstones.items():
-        shadowed = [loc for m in older.get(object_id, ()) if m.seq < seq for loc in m.locations]
-        objects = best[object_id[0]]
-        newest = objects.get(object_id[1])
+    for value_id, (seq, tombstone_at) in tombstones.items():
+        shadowed = [loc for m in older.get(value_id, ()) if m.seq < seq for loc in m.locations]
+        objects = best[value_id[0]]
+        newest = objects.get(value_id[1])
         if newest is not None and newest.seq < seq:
             shadowed.extend(newest.locations)
-            del objects[object_id[1]]
+            del objects[value_id[1]]
         if shadowed:
-            buried.append((object_id, seq, tombstone_at, shadowed))
+            buried.append((value_id, seq, tombstone_at, shadowed))
     return Recovered(best, buried, top_seq)
 
 
@@ -248,18 +249,18 @@ _Fragment = tuple[Location, int, int, int, int]  # location, object bytes, offse
 
 def _offer(
     objects: dict[str, Manifest],
-    older: dict[ObjectId, list[Manifest]],
-    object_id: ObjectId,
+    older: dict[ValueId, list[Manifest]],
+    value_id: ValueId,
     manifest: Manifest,
 ) -> None:
     """A second complete version of one object: keep the newer in ``objects``, the other in
     ``older``."""
-    current = objects[object_id[1]]
+    current = objects[value_id[1]]
     if current.seq < manifest.seq:
-        older[object_id].append(current)
-        objects[object_id[1]] = manifest
+        older[value_id].append(current)
+        objects[value_id[1]] = manifest
     else:
-        older[object_id].append(manifest)
+        older[value_id].append(manifest)
 
 
 def _assemble(seq: int, fragments: dict[int, _Fragment]) -> Manifest | None:

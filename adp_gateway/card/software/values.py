@@ -1,6 +1,8 @@
-"""Objects' fragments on the software card's databases: written and read in parallel (a thread
-pool per database, so a stalled drive cannot hold up another's), and each fragment read back
-checked against what the index says before anyone trusts it."""
+"""Values on the software card's databases, as records: written and read in parallel (a thread
+pool per database, so a stalled drive cannot hold up another's), and each read back checked
+against what the index says before anyone trusts it. A value is one record; the index's
+manifests can list several (records of the layout before the fragment-level card, when an
+object's fragments were the card's business), and a read handles both."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from adp_gateway.card.software.index import Manifest, ObjectId
+from adp_gateway.card.base import Value
+from adp_gateway.card.software.index import Manifest, ValueId
 from adp_gateway.card.software.regionlog import Location, RegionLog
 from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
-from adp_wire import fragmenter
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import align_up
 
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-class FragmentIO:
+class ValueIO:
     def __init__(self, region_log: RegionLog) -> None:
         self._log = region_log
         # Fragment I/O on every database but the caller's own, so one object uses every drive.
@@ -31,51 +33,44 @@ class FragmentIO:
             for d in range(region_log.databases)
         ]
 
-    def write(
-        self,
-        object_id: ObjectId,
-        seq: int,
-        extent: memoryview,
-        plan: list[fragmenter.Fragment],
-        checksums: list[int] | None,
-    ) -> list[Location]:
-        """Write version ``seq`` of an object, each fragment of ``plan`` from ``extent`` as a
-        record (its checksum computed here unless the client's ``checksums`` came with it);
-        return where fragment i landed. Raises StorageError."""
-        object_bytes = sum(fragment.length for fragment in plan)
+    def write(self, namespace: str, seq: int, values: list[Value]) -> list[Location]:
+        """Write each value as a record of version ``seq`` (its checksum computed here unless
+        the client's came with it), each database's values together and the databases in
+        parallel; return where each landed. Raises StorageError."""
 
-        def header_of(fragment: fragmenter.Fragment) -> RecordHeader:
-            payload = extent[fragment.offset : fragment.offset + fragment.length]
+        def header_of(value: Value) -> RecordHeader:
+            payload = value.payload[: value.length]
             return RecordHeader(
                 Kind.DATA,
                 seq,
-                *object_id,
-                object_bytes,
-                fragment.offset,
-                fragment.length,
-                fragment.number,
-                len(plan),
-                checksum(payload) if checksums is None else checksums[fragment.number],
+                namespace,
+                value.name,
+                value.length,
+                0,
+                value.length,
+                0,
+                1,
+                checksum(payload) if value.checksum is None else value.checksum,
             )
 
-        groups: dict[int, list[fragmenter.Fragment]] = defaultdict(list)
-        for fragment in plan:
-            groups[fragment.database].append(fragment)
+        groups: dict[int, list[int]] = defaultdict(list)  # database -> the values' numbers
+        for number, value in enumerate(values):
+            groups[value.database].append(number)
 
         def write(database: int) -> list[Location]:
-            records: list[tuple[RecordHeader, memoryview | None]] = []
-            for fragment in groups[database]:
-                padded = extent[fragment.offset : fragment.offset + align_up(fragment.length)]
-                records.append((header_of(fragment), padded))
+            records: list[tuple[RecordHeader, memoryview | None]] = [
+                (header_of(values[n]), values[n].payload[: align_up(values[n].length)])
+                for n in groups[database]
+            ]
             return self._log.append_many(database, records)
 
         written = self.each_database(write, list(groups))
         placed = {
-            fragment.number: location
-            for database, fragments in groups.items()
-            for fragment, location in zip(fragments, written[database], strict=True)
+            number: location
+            for database, numbers in groups.items()
+            for number, location in zip(numbers, written[database], strict=True)
         }
-        return [placed[i] for i in range(len(plan))]
+        return [placed[n] for n in range(len(values))]
 
     def read(self, objects: list[tuple[Manifest, memoryview]]) -> list[list[RecordHeader | None]]:
         """Each object's fragment headers, its payloads read into its extent: all fragments of
@@ -153,7 +148,7 @@ class FragmentIO:
 
 
 def intact(
-    object_id: ObjectId,
+    value_id: ValueId,
     manifest: Manifest,
     index: int,
     header: RecordHeader | None,
@@ -162,7 +157,7 @@ def intact(
     """Whether fragment ``index``, read into ``extent``, is what the index says."""
     offset = index * manifest.fragment_bytes
     length = min(manifest.fragment_bytes, manifest.object_bytes - offset)
-    expected = (Kind.DATA, object_id[0], object_id[1], manifest.seq, index, offset, length)
+    expected = (Kind.DATA, value_id[0], value_id[1], manifest.seq, index, offset, length)
     if header is None or expected != (
         header.kind,
         header.tenant,
@@ -174,12 +169,12 @@ def intact(
     ):
         log.warning(
             "%s/%s: fragment %d at %s is not what the index says; reporting a miss",
-            *object_id,
+            *value_id,
             index,
             manifest.locations[index],
         )
         return False
     if checksum(extent[offset : offset + length]) != header.payload_checksum:
-        log.warning("%s/%s: fragment %d failed its checksum; reporting a miss", *object_id, index)
+        log.warning("%s/%s: fragment %d failed its checksum; reporting a miss", *value_id, index)
         return False
     return True
