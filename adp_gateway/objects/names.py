@@ -45,20 +45,29 @@ def fragment_name(key: str, version: Version, place: int) -> str:
     return f"{key}#{number}.{place}.{fragments}.{fragment_bytes}.{object_bytes}"
 
 
-# key, then version number, place, fragments, fragment bytes, object bytes (ASCII digits)
-NAME = re.compile(r"(.*)#(\d+)\.(\d+)\.(\d+)\.(\d+)\.(\d+)", re.DOTALL | re.ASCII)
+# After the last "#": version number, place, fragments, fragment bytes, object bytes
+# The same, of an object's only fragment (place 0 of 1): what most names are
+ONLY_FRAGMENT = re.compile(r"(\d+)\.0\.1\.\d+\.\d+", re.ASCII)
+SUFFIX = re.compile(r"(\d+)\.(\d+)\.(\d+)\.(\d+)\.(\d+)", re.ASCII)
 
 
 def parse(name: str) -> Fragment | None:
     """What ``name`` says, or None when it is not a fragment's name (a value of another layout,
     or bytes no store wrote) or does not describe a place in a well-formed object."""
-    found = NAME.fullmatch(name)
+    key, separator, suffix = name.rpartition("#")
+    found = SUFFIX.fullmatch(suffix) if separator else None
     if found is None:
         return None
-    key = found[1]
-    number, place, fragments, fragment_bytes, object_bytes = map(int, found.groups()[1:])
+    number, place, fragments, fragment_bytes, object_bytes = map(int, found.groups())
     version = Version(number, object_bytes, fragment_bytes, fragments)
     return Fragment(key, version, place) if well_formed(version, place) else None
+
+
+def whole(suffix: str) -> Version | None:
+    """The version a name's ``suffix`` (after its last ``#``) says, when it is the one fragment
+    of its object; else None."""
+    fragment = parse(f"#{suffix}")
+    return fragment.version if fragment is not None and fragment.version.fragments == 1 else None
 
 
 def well_formed(version: Version, place: int) -> bool:

@@ -33,7 +33,10 @@ def content(key: str, size: int) -> bytes:
 class Oracle:
     """What each key may hold after a power cut: its durable length (None when deleted), lengths
     acknowledged since the last sync (which a cut may or may not have kept, or left damaged, so
-    a miss too), and lengths an unacknowledged (failed) operation may have left.
+    a miss too), and lengths an unacknowledged (failed) operation may have left, until a later
+    acknowledged operation on the key is durable: a failed store may have written its whole
+    version, and a cut that loses the later one's unsynced writes leaves that version the
+    newest on the disk.
 
     ``durable_on_ack``: ``sync: always``, an acknowledged operation is durable at once. Otherwise
     (``periodic``, ``none``) only what was acknowledged before the last sync is."""
@@ -44,6 +47,7 @@ class Oracle:
         self.durable: dict[str, int | None] = {}
         self.since: dict[str, set[int | None]] = {}
         self.maybe: dict[str, set[int | None]] = {}
+        self.superseded: set[str] = set()  # last op acknowledged: at a sync, maybe goes
 
     def allowed(self, key: str) -> set[int | None]:
         recent = self.since.get(key, set())
@@ -54,18 +58,28 @@ class Oracle:
             | self.maybe.get(key, set())
         )
 
+    def attempt(self, key: str, outcomes: set[int | None]) -> None:
+        """An operation on ``key`` begins: until it is acknowledged (``settle``), any of
+        ``outcomes`` may be what it leaves."""
+        self.maybe.setdefault(key, set()).update(outcomes)
+        self.superseded.discard(key)
+
     def settle(self, key: str, found: int | None) -> None:
         self.acked[key] = found
-        self.maybe.pop(key, None)
         if self.durable_on_ack:
             self.durable[key] = found
+            self.maybe.pop(key, None)
         else:
             self.since.setdefault(key, set()).add(found)
+            self.superseded.add(key)
 
     def synced(self) -> None:
         """Everything acknowledged so far is durable (a sync, or a restart after a cut)."""
         self.durable = dict(self.acked)
         self.since = {}
+        for key in self.superseded:
+            self.maybe.pop(key, None)
+        self.superseded = set()
 
 
 def run(
@@ -98,11 +112,11 @@ def run(
             if op == "store":
                 size = rng.choice(SIZES)
                 # A store that fails after burying the old length leaves the key absent.
-                oracle.maybe.setdefault(key, set()).update((size, None))
+                oracle.attempt(key, {size, None})
                 store.put("t", key, extent(content(key, size)), size)
                 oracle.settle(key, size)
             elif op == "delete":
-                oracle.maybe.setdefault(key, set()).add(None)
+                oracle.attempt(key, {None})
                 store.delete("t", [key])
                 oracle.settle(key, None)
             else:
