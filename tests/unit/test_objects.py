@@ -74,9 +74,11 @@ def test_a_recovery_keeps_the_newest_whole_version_and_gives_up_the_rest() -> No
         fragment_name("k", partial, 0),  # a newer version missing a fragment: not whole
         *Version(4, 30, VALUE, 1).names("other"),
         "older-layout-value",
+        "odd#6.0.1.0.10",  # the shape of a fragment's name, but no fragment size: no store's
     ]
     catalog.recovered("t", names)
     assert catalog.get("t", "k") == new and catalog.get("t", "other") is not None
+    assert catalog.get("t", "odd") is None  # read at its first use, and dropped
     assert len(catalog) == 2 and heard.held["t"] == {"k", "other"}
     assert catalog.take_stale() == {"t": old.names("k")}  # whole, superseded: to be deleted
     assert catalog.next_number() == 10  # above every version found, whole or not
