@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import Pools, RegionLog
 from adp_gateway.card.software.regions import Location
+from adp_gateway.config import GatewayConfig
 from adp_gateway.objects.catalog import Catalog
 from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import align_up
@@ -73,3 +75,24 @@ def locations(store: ObjectStore, tenant: str, key: str) -> list[Location]:
     index = software_card(store).index
     found = [index.get((tenant, name)) for name in version.names(key)]
     return [manifest.locations[0] for manifest in found if manifest is not None]
+
+
+CARD_DATABASES = 2
+CARD_CAPACITY = CARD_DATABASES * (4096 + 8 * REGION)  # 8 regions per database
+
+
+def card_config(card: str, directory: Path, **settings: Any) -> GatewayConfig:
+    """The config the contract suites open each card with, as the gateway would: two databases
+    of eight regions in ``directory``, fragments (values) of at most FRAGMENT, ``sync: always``;
+    ``settings`` adds to it (tenants, say)."""
+    return GatewayConfig(
+        card=card,
+        data_dirs=[str(directory)],
+        databases_per_dir=CARD_DATABASES,
+        capacity=CARD_CAPACITY,
+        region_size=REGION,
+        fragment_size=FRAGMENT,
+        prepare_databases=False,
+        sync="always",
+        **settings,
+    )

@@ -24,12 +24,18 @@ from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.config import GatewayConfig, TenantConfig
 from adp_gateway.errors import ConfigError
 from adp_wire.checksum import checksum
-from tests.support.storage import extent, payload
+from tests.support.storage import (
+    CARD_CAPACITY,
+    CARD_DATABASES,
+    FRAGMENT,
+    REGION,
+    card_config,
+    extent,
+    payload,
+)
 
-REGION = 256 * 2**10
-VALUE = 64 * 2**10
-DATABASES = 2
-CAPACITY = DATABASES * (4096 + 8 * REGION)  # 8 regions per database
+VALUE = FRAGMENT
+DATABASES, CAPACITY = CARD_DATABASES, CARD_CAPACITY
 
 
 class Heard:
@@ -58,17 +64,8 @@ Opener = Callable[[], tuple[Card, Heard]]
 def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
     """Opens (and recovers) the card over the same storage each time it is called, with fresh
     holdings; the card opened before is closed first. Tenant "q" has a quota."""
-    config = GatewayConfig(
-        card=str(request.param),
-        data_dirs=[str(tmp_path)],
-        databases_per_dir=DATABASES,
-        capacity=CAPACITY,
-        region_size=REGION,
-        fragment_size=VALUE,
-        prepare_databases=False,
-        sync="always",
-        tenants=[TenantConfig(name="q", quota=2 * DATABASES * REGION)],
-    )
+    quota = TenantConfig(name="q", quota=2 * DATABASES * REGION)
+    config = card_config(str(request.param), tmp_path, tenants=[quota])
     opened: list[Card] = []
 
     def open_again() -> tuple[Card, Heard]:

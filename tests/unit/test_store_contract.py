@@ -17,17 +17,20 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.card.base import BuiltinCard, CardContext
-from adp_gateway.config import GatewayConfig
 from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.presence import Presence
 from adp_wire.checksum import checksum
 from adp_wire.presence import PresenceView
-from tests.support.storage import extent, payload
+from tests.support.storage import (
+    CARD_CAPACITY,
+    CARD_DATABASES,
+    FRAGMENT,
+    card_config,
+    extent,
+    payload,
+)
 
-REGION = 256 * 2**10
-FRAGMENT = 64 * 2**10
-DATABASES = 2
-CAPACITY = DATABASES * (4096 + 8 * REGION)  # 8 regions per database
+DATABASES, CAPACITY = CARD_DATABASES, CARD_CAPACITY
 OBJECT = 48 * 2**10  # one fragment, a record well inside a region
 
 Opener = Callable[[], ObjectStore]
@@ -45,16 +48,7 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path, presence: Presence) -
     """Opens (and recovers) a store over the card, on the same storage each time it is called;
     the store opened before is closed first, and ``presence`` forgets every key, as a restart
     would."""
-    config = GatewayConfig(
-        card=str(request.param),
-        data_dirs=[str(tmp_path)],
-        databases_per_dir=DATABASES,
-        capacity=CAPACITY,
-        region_size=REGION,
-        fragment_size=FRAGMENT,
-        prepare_databases=False,
-        sync="always",
-    )
+    config = card_config(str(request.param), tmp_path)
     opened: list[ObjectStore] = []
 
     def open_again() -> ObjectStore:
