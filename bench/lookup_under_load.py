@@ -357,6 +357,7 @@ def drive_main(args: argparse.Namespace) -> int:
         "null_gbps": args.null_gbps,
         "rounds": {name: [] for name in contenders},
     }
+    stem = RESULTS / args.out
     for round_number in range(args.rounds):
         for index, name in enumerate(contenders):  # interleaved: ours, fs_native, null, ours...
             try:  # the directory's name is plain (a contender may carry "!VAR=value")
@@ -365,9 +366,8 @@ def drive_main(args: argparse.Namespace) -> int:
                 result = {"failed": f"{type(exc).__name__}: {exc}"[-1500:]}
             report["rounds"][name].append(result)
             print(name, round_number, _line(result), flush=True)
-    report["summary"] = {name: _summarize(rounds) for name, rounds in report["rounds"].items()}
-    stem = RESULTS / args.out
-    write(report, stem)  # the lookups are kept whatever the EXISTS phase does
+            report["summary"] = {n: _summarize(r) for n, r in report["rounds"].items()}
+            write(report, stem)  # each round is kept, whatever cuts the run short
     if "lmcache_adp" in contenders and not args.skip_exists:
         report["exists_1000_keys"] = exists_under_backlog(args, directory)
         write(report, stem)
