@@ -25,6 +25,12 @@ memory system and cores carry the same traffic. If lookups slow down as much as 
 true``, the tail is the host's, and moving the copy out of LMCache's process (a gateway reading
 L1 itself) would not remove it.
 
+With ``copy: "checksum"`` (the ``null_checksum`` contender) it reads each store's buffers once,
+as our plugin's zero-copy stores do: the plugin's own ``Copier`` takes the payload checksum of
+each fragment (the gateway's default fragment size) on its copy threads, and nothing is copied.
+That is the least per-byte work an adapter that checks what it stores does inside LMCache's
+process: a floor for ours with L1 in shared memory.
+
     python -m bench.null_adapter copy-worker THREADS   # "id size..." in, an id per copy out
 """
 
@@ -42,6 +48,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from adp_gateway.config import GatewayConfig
 from lmcache_adp import config
 from lmcache_adp.completions import Completion, CompletionQueue
 from lmcache_adp.copier import Copier
@@ -53,9 +60,11 @@ class NullConnector:
     def __init__(self, store_gbps: float = 1.5, copy: bool | str = False, **_: object) -> None:
         self._bytes_per_s = float(store_gbps) * 1e9
         threads = config.copy_threads(config.parse({}))
-        self._copier = Copier(threads) if copy is True else None
+        self._copier = Copier(threads) if copy in (True, "checksum") else None
+        self._checksum_only = copy == "checksum"
         self._elsewhere = _CopyElsewhere(threads, self._copied) if copy == "process" else None
-        self._scratch = _Ring(memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8)))
+        scratch = SCRATCH_BYTES if self._copier and not self._checksum_only else 0
+        self._scratch = _Ring(memoryview(np.empty(scratch, np.uint8)))
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
         self._completions = CompletionQueue()
         self._future_ids = itertools.count(1)
@@ -82,7 +91,7 @@ class NullConnector:
             self._wake.notify()
         if self._copier is not None:
             for memview in memviews:
-                self._copy(future_id, memview.cast("B"))
+                self._read(future_id, memview.cast("B"))
         elif self._elsewhere is not None:
             self._elsewhere.copy(future_id, [memview.nbytes for memview in memviews])
         return future_id
@@ -92,9 +101,14 @@ class NullConnector:
             self._copying[future_id] -= 1
             self._wake.notify()
 
-    def _copy(self, future_id: int, source: memoryview) -> None:
-        """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path)."""
+    def _read(self, future_id: int, source: memoryview) -> None:
+        """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path), or
+        only take its fragments' checksums (as for a zero-copy store)."""
         assert self._copier is not None
+        if self._checksum_only:
+            fragment = GatewayConfig().fragment_size
+            self._copier.checksums(source, fragment, lambda sums: self._copied(future_id))
+            return
         destination = self._scratch.take(source.nbytes)
         source = source[: destination.nbytes]
         self._copier.copy(destination, source, lambda ok: self._copied(future_id))
