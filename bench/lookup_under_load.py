@@ -24,7 +24,8 @@ LMCache's process costs a lookup, apart from the rest of our plugin and gateway.
 ``null_copy_process`` has another process copy as many bytes, the same way, instead: the same
 traffic on the host's memory and cores, none of it in LMCache's process. ``null_checksum`` only
 reads each store's buffers once, taking their fragments' checksums as a zero-copy store does: the
-least per-byte work inside LMCache's process of an adapter that checks what it stores.
+least per-byte work inside LMCache's process of an adapter that checks what it stores;
+``null_checksum_process`` has another process do as much.
 
 Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server's L1 in a
 shared-memory segment (``--shm-name``), where the plugin stores zero-copy: the gateway writes
@@ -203,8 +204,9 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
             spec = gateway.l2_adapter_json(**{"op_timeout_s": 60.0, **plugin_params})
-        elif name in ("null", "null_copy", "null_copy_process", "null_checksum"):
+        elif name.startswith("null"):
             modes = {"null_copy": True, "null_copy_process": "process", "null_checksum": "checksum"}
+            modes["null_checksum_process"] = "process-checksum"
             copy = modes.get(name, False)
             params = {"store_gbps": args.null_gbps, "copy": copy}
             spec = json.dumps(NULL_ADAPTER | {"adapter_params": params})

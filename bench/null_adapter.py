@@ -29,9 +29,11 @@ With ``copy: "checksum"`` (the ``null_checksum`` contender) it reads each store'
 as our plugin's zero-copy stores do: the plugin's own ``Copier`` takes the payload checksum of
 each fragment (the gateway's default fragment size) on its copy threads, and nothing is copied.
 That is the least per-byte work an adapter that checks what it stores does inside LMCache's
-process: a floor for ours with L1 in shared memory.
+process: a floor for ours with L1 in shared memory. ``copy: "process-checksum"`` (the
+``null_checksum_process`` contender) has another process take as many checksums, the same way:
+what a gateway that checked L1 itself would cost LMCache's lookups.
 
-    python -m bench.null_adapter copy-worker THREADS   # "id size..." in, an id per copy out
+    python -m bench.null_adapter copy-worker THREADS [checksum]   # "id size..." in, ids out
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class NullConnector:
         threads = config.copy_threads(config.parse({}))
         self._copier = Copier(threads) if copy in (True, "checksum") else None
         self._checksum_only = copy == "checksum"
-        self._elsewhere = _CopyElsewhere(threads, self._copied) if copy == "process" else None
+        elsewhere = {"process": "copy", "process-checksum": "checksum"}.get(str(copy))
+        self._elsewhere = _CopyElsewhere(threads, elsewhere, self._copied) if elsewhere else None
         scratch = SCRATCH_BYTES if self._copier and not self._checksum_only else 0
         self._scratch = _Ring(memoryview(np.empty(scratch, np.uint8)))
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
@@ -187,8 +190,8 @@ class _CopyElsewhere:
     """Another process that copies as many bytes as each of a store's buffers has, and says when
     each copy is done."""
 
-    def __init__(self, threads: int, copied: Callable[[int], None]) -> None:
-        argv = [sys.executable, "-m", "bench.null_adapter", "copy-worker", str(threads)]
+    def __init__(self, threads: int, work: str, copied: Callable[[int], None]) -> None:
+        argv = [sys.executable, "-m", "bench.null_adapter", "copy-worker", str(threads), work]
         self._worker = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
@@ -213,13 +216,15 @@ class _CopyElsewhere:
             self._copied(int(line))
 
 
-def copy_worker(threads: int) -> None:
+def copy_worker(threads: int, work: str = "copy") -> None:
     """The other process: for each "id size size..." line, one copy per size between its own
-    rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_copy`` makes
-    them in LMCache's process; prints the id as each copy ends."""
+    rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_read`` makes
+    them in LMCache's process, or with ``work`` "checksum" the fragments' checksums of as many
+    bytes of the 1 GiB ring; prints the id as each one ends."""
     source = _Ring(memoryview(np.ones(2 * SCRATCH_BYTES, np.uint8)))
     scratch = _Ring(memoryview(np.ones(SCRATCH_BYTES, np.uint8)))
     copier = Copier(threads)
+    fragment = GatewayConfig().fragment_size
     printing = threading.Lock()
 
     def copied(future_id: int, ok: bool) -> None:
@@ -227,9 +232,15 @@ def copy_worker(threads: int) -> None:
             sys.stdout.write(f"{future_id}\n")
             sys.stdout.flush()
 
+    def summed(future_id: int, sums: list[int] | None) -> None:
+        copied(future_id, sums is not None)
+
     for line in sys.stdin:
         future_id, *sizes = map(int, line.split())
         for size in sizes:
+            if work == "checksum":
+                copier.checksums(source.take(size), fragment, functools.partial(summed, future_id))
+                continue
             destination = scratch.take(size)
             part = source.take(destination.nbytes)
             copier.copy(destination, part, functools.partial(copied, future_id))
@@ -238,4 +249,4 @@ def copy_worker(threads: int) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["copy-worker"]:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C; it ends with stdin
-    copy_worker(int(sys.argv[2]))
+    copy_worker(int(sys.argv[2]), *sys.argv[3:4])
