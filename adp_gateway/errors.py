@@ -42,3 +42,7 @@ class StartupError(GatewayError):
 
 class StorageError(GatewayError):
     pass
+
+
+class StoreGivenUp(StorageError):
+    """A zero-copy store its client gave up before the gateway wrote it: nothing was written."""

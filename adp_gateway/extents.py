@@ -1,13 +1,16 @@
 """Where a data op's bytes lie, from its descriptor: a range of the session's window, or (a
-zero-copy store) pages of the client's L1; and where a zero-copy store's checksums lie in its
-arena. Everything the client writes is untrusted: a descriptor that points outside what it may
-use raises ProtocolError, and the session is dropped."""
+zero-copy store) pages of the client's L1, with the store's checksums and given-up word.
+Everything the client writes is untrusted: a descriptor that points outside what it may use
+raises ProtocolError, and the session is dropped."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from adp_gateway.errors import ProtocolError
 from adp_gateway.l1 import L1Segment
-from adp_wire.protocol import CHECKSUM_BYTES, checksums_at
+from adp_wire.protocol import GIVEN_UP_BYTES, given_up_at
 from adp_wire.ring.layout import PAGE_BYTES, Submission, align_up
 
 
@@ -37,11 +40,25 @@ def l1_pages(l1: L1Segment | None, object_bytes_max: int, submission: Submission
     return l1.pages(submission.data_offset, submission.data_bytes)
 
 
-def checksums_offset(submission: Submission, count: int, arena_bytes: int) -> int:
-    """Where a zero-copy store's ``count`` checksums lie in its arena: after its keys."""
-    at = checksums_at(submission.request_bytes)
-    if at + count * CHECKSUM_BYTES > arena_bytes:
-        raise ProtocolError(
-            f"the checksums of a {submission.data_bytes}-byte object do not fit the arena"
-        )
-    return at
+def given_up_word(submission: Submission, arena: memoryview) -> memoryview:
+    """A zero-copy store's given-up word in its arena, after its keys (adp_wire/protocol.py)."""
+    at = given_up_at(submission.request_bytes)
+    if at + GIVEN_UP_BYTES > len(arena):
+        raise ProtocolError("a zero-copy store's given-up word does not fit its arena")
+    return arena[at : at + GIVEN_UP_BYTES]
+
+
+@dataclass(frozen=True)
+class L1Object:
+    """A zero-copy store's object: ``nbytes`` of the client's L1 at ``offset``, checksummed
+    through the kernel (L1Segment.checksum), and ``word_set``, whether the client gave it up."""
+
+    segment: L1Segment
+    offset: int
+    word_set: Callable[[], bool]
+
+    def checksum(self, offset: int, length: int) -> int:
+        return self.segment.checksum(self.offset + offset, length)
+
+    def given_up(self) -> bool:
+        return self.word_set()

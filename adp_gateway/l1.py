@@ -3,10 +3,11 @@
 ``lmcache server --shm-name NAME`` keeps LMCache's L1 in the shared-memory file
 ``/dev/shm/lmcache_l1_pool_NAME``. The plugin sends a read-only fd of that file with its hello;
 the gateway maps it read-only and writes a zero-copy store with O_DIRECT straight from those
-pages to the disk. So the gateway cannot write L1 at all, and it never reads L1 with the CPU
-either: only the kernel does, inside ``pwritev``, so a client that shrinks its segment gets
-EFAULT (a failed store), not a gateway killed by SIGBUS. Payload checksums are the plugin's work
-for the same reason (docs/design.md, "Zero-copy stores").
+pages to the disk. So the gateway cannot write L1 at all, and it never reads the mapping with the
+CPU either: only the kernel does, inside ``pwritev``, and the payload checksums are taken from
+what ``preadv`` of the segment's fd reads, a chunk at a time, so a client that shrinks its
+segment gets a failed store (EFAULT, or a short read), not a gateway killed by SIGBUS
+(docs/design.md, "Zero-copy stores").
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import threading
 
-from adp_gateway.errors import ProtocolError
+from adp_gateway.errors import ProtocolError, StorageError
+from adp_wire.checksum import Checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
+
+CHECKSUM_CHUNK_BYTES = 2**20  # read into a buffer that stays in the core's cache, then hashed
 
 
 class L1Segment:
@@ -35,6 +40,8 @@ class L1Segment:
         except OSError as exc:
             raise ProtocolError(f"the L1 segment cannot be mapped: {exc.strerror}") from exc
         self._memory = memoryview(self._mapping)
+        self._fd = os.dup(fd)  # for checksums: read through the kernel, never the mapping
+        self._chunks = threading.local()  # each I/O thread's chunk buffer
         self.size = claimed_bytes
 
     def pages(self, offset: int, nbytes: int) -> memoryview:
@@ -46,3 +53,31 @@ class L1Segment:
                 f"{self.size}-byte segment"
             )
         return self._memory[offset:end]
+
+    def checksum(self, offset: int, length: int) -> int:
+        """The payload checksum of ``length`` bytes of L1 at ``offset``; raises StorageError
+        when the segment no longer holds them (its client shrank it)."""
+        chunk = self._chunk()
+        total = Checksum()
+        done = 0
+        while done < length:
+            part = chunk[: min(len(chunk), length - done)]
+            try:
+                got = os.preadv(self._fd, [part], offset + done)
+            except OSError as exc:
+                raise StorageError(f"the client's L1 segment cannot be read: {exc}") from exc
+            if got <= 0:
+                raise StorageError("the client's L1 segment shrank under a zero-copy store")
+            total.update(part[:got])
+            done += got
+        return total.value()
+
+    def close(self) -> None:
+        """Once no store reads the segment any more."""
+        os.close(self._fd)
+
+    def _chunk(self) -> memoryview:
+        chunk: memoryview | None = getattr(self._chunks, "buffer", None)
+        if chunk is None:
+            chunk = self._chunks.buffer = memoryview(mmap.mmap(-1, CHECKSUM_CHUNK_BYTES))
+        return chunk

@@ -18,6 +18,7 @@ stores"). The gateway never writes L1: every load lands in the window.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -30,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.extents import checksums_offset, l1_pages, window_range
+from adp_gateway.extents import L1Object, given_up_word, l1_pages, window_range
 from adp_gateway.l1 import L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
@@ -39,12 +40,12 @@ from adp_gateway.presence import Presence
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.work import L1Readers, SessionWork, results
 from adp_wire.protocol import (
+    GIVEN_UP_BYTES,
     KEYS_PER_REQUEST_MAX,
     Op,
     Status,
     Welcome,
     decode_keys,
-    unpack_checksums,
 )
 from adp_wire.ring.layout import (
     FLAG_L1,
@@ -59,6 +60,7 @@ from adp_wire.trace import Stage, mark
 from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
+_CLEAR = bytes(GIVEN_UP_BYTES)  # a zero-copy store's given-up word while the client wants it
 _SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
 
 
@@ -176,6 +178,8 @@ class Session:
             self._presence.release(self.tenant)
         self._scheduler.drop_session(self.session_id)
         self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
+        if self._l1 is not None:
+            self._l1.close()
         self._sock.close()
         os.close(self._submitted)
         with self._lock:
@@ -314,12 +318,18 @@ class Session:
         if op == Op.GET:
             wanted.append(Load(submission, key, extent, length))
             return
-        checksums = None
-        if zero_copy:  # read now: the arena is the client's to scribble on
-            count = self._store.fragment_count(length)
-            at = checksums_offset(submission, count, self._layout.arena_bytes)
-            checksums = unpack_checksums(arena, count, at)
-        self._work.store(submission, key, extent, checksums)
+        l1 = None
+        if zero_copy:
+            assert self._l1 is not None  # l1_pages raised otherwise
+            word = given_up_word(submission, arena)
+            given_up = functools.partial(self._given_up, word)
+            l1 = L1Object(self._l1, submission.data_offset, given_up)
+        self._work.store(submission, key, extent, l1)
+
+    def _given_up(self, word: memoryview) -> bool:
+        """Whether the client gave a zero-copy store up (its word set), or is going: from
+        then on LMCache may rewrite the buffer (adp_wire/protocol.py, ``given_up_at``)."""
+        return word != _CLEAR or self._l1_readers.closing or _hung_up(self._sock)
 
 
 def _describe(counts: dict[str, int]) -> str:
@@ -337,3 +347,13 @@ def _describe(counts: dict[str, int]) -> str:
 def _reset(eventfd: int) -> None:
     with contextlib.suppress(BlockingIOError):
         os.eventfd_read(eventfd)
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the client has closed its end (or died): polled, never read."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP)
+    return any(events & _HUNG_UP for _, events in poller.poll(0))
+
+
+_HUNG_UP = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL

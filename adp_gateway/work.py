@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from adp_gateway.errors import StorageError
+from adp_gateway.errors import StorageError, StoreGivenUp
+from adp_gateway.extents import L1Object
 from adp_gateway.loads import Load
 from adp_gateway.metrics import Metrics
 from adp_gateway.objects.store import ObjectStore
@@ -72,6 +73,11 @@ class L1Readers:
                 self._inside -= 1
                 self._idle.notify_all()
 
+    @property
+    def closing(self) -> bool:
+        """The session is closing: its client is gone, or going."""
+        return self._closed
+
     def close(self) -> None:
         with self._idle:
             self._closed = True
@@ -104,18 +110,18 @@ class SessionWork:
         submission: Submission,
         key: str,
         extent: memoryview,
-        checksums: list[int] | None,
+        l1: L1Object | None,
     ) -> None:
-        """Queue a store of ``extent`` (the window, or with ``checksums`` the client's L1)."""
+        """Queue a store of ``extent``: the window, or with ``l1`` the client's L1."""
         length = submission.data_bytes
 
         def put() -> Outcome:
-            self._store.put(self._tenant, key, extent, length, checksums)
+            self._store.put(self._tenant, key, extent, length, l1)
             self._metrics.moved("written", self._tenant, length)
             return Status.OK, 0, 0, 1, {"stores": 1, "bytes_stored": length}
 
         databases = self._store.databases_to_store(self._tenant, key, length)
-        self._queue(submission, length, put, databases, reads_l1=checksums is not None)
+        self._queue(submission, length, put, databases, reads_l1=l1 is not None)
 
     def delete(self, submission: Submission, keys: list[str], arena: memoryview) -> None:
         """Queue a delete; its per-key results go to ``arena``."""
@@ -206,7 +212,8 @@ class SessionWork:
         try:
             return work()
         except StorageError as exc:
-            log.error("%s: op %d failed: %s", self._name, submission.op_id, exc)
+            level = logging.WARNING if isinstance(exc, StoreGivenUp) else logging.ERROR
+            log.log(level, "%s: op %d failed: %s", self._name, submission.op_id, exc)
             return _FAILED
 
 

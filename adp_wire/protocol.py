@@ -28,13 +28,13 @@ import msgpack
 from adp_wire.errors import HandshakeRefused, ProtocolError
 from adp_wire.ring.layout import align_up
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # 5: the gateway takes a zero-copy store's checksums (given_up_at)
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
 KEYS_PER_REQUEST_MAX = 4096
 _FRAME_HEADER = struct.Struct("<I")
-CHECKSUM_BYTES = 8  # one payload checksum per fragment, in a zero-copy op's arena
+GIVEN_UP_BYTES = 8  # a zero-copy store's given-up word, in its arena after its keys
 
 
 def default_socket_path() -> str:
@@ -200,18 +200,14 @@ def parse_welcome(body: dict[str, Any]) -> Welcome:
     return Welcome(**values)
 
 
-def checksums_at(keys_bytes: int) -> int:
-    """Where a zero-copy store's payload checksums start in its slot's arena: after its keys,
-    on an 8-byte boundary. A zero-copy load's answer puts them at the arena's start."""
-    return align_up(keys_bytes, CHECKSUM_BYTES)
-
-
-def pack_checksums(checksums: list[int]) -> bytes:
-    return struct.pack(f"<{len(checksums)}Q", *checksums)
-
-
-def unpack_checksums(arena: memoryview, count: int, at: int = 0) -> list[int]:
-    return list(struct.unpack_from(f"<{count}Q", arena, at))
+def given_up_at(keys_bytes: int) -> int:
+    """Where a zero-copy store's given-up word lies in its slot's arena: after its keys, on an
+    8-byte boundary. The client posts it as zero and sets it before it reports the store failed
+    (past its deadline, or its link gone), after which LMCache may rewrite the buffer. The
+    gateway takes the store's checksums from L1 first and reads the word next: set, it gives the
+    store up; clear, the checksums are of the bytes LMCache stored, and a byte rewritten while
+    the disk still reads it can only fail its checksum (docs/design.md, "Zero-copy stores")."""
+    return align_up(keys_bytes, GIVEN_UP_BYTES)
 
 
 def encode_keys(keys: list[str]) -> bytes:

@@ -26,12 +26,12 @@ true``, the tail is the host's, and moving the copy out of LMCache's process (a 
 L1 itself) would not remove it.
 
 With ``copy: "checksum"`` (the ``null_checksum`` contender) it reads each store's buffers once,
-as our plugin's zero-copy stores do: the plugin's own ``Copier`` takes the payload checksum of
-each fragment (the gateway's default fragment size) on its copy threads, and nothing is copied.
-That is the least per-byte work an adapter that checks what it stores does inside LMCache's
-process: a floor for ours with L1 in shared memory. ``copy: "process-checksum"`` (the
+as our plugin's zero-copy stores did up to protocol 4: the payload checksum of each fragment (the
+gateway's default fragment size), one job per fragment on as many threads as the plugin's copy
+threads, and nothing is copied. That is the least per-byte work an adapter that checks what it
+stores does inside LMCache's process. ``copy: "process-checksum"`` (the
 ``null_checksum_process`` contender) has another process take as many checksums, the same way:
-what a gateway that checked L1 itself would cost LMCache's lookups.
+what a gateway that checks L1 itself (protocol 5) costs LMCache's lookups.
 
     python -m bench.null_adapter copy-worker THREADS [checksum]   # "id size..." in, ids out
 """
@@ -51,9 +51,12 @@ from collections.abc import Callable
 import numpy as np
 
 from adp_gateway.config import GatewayConfig
+from adp_wire import fragmenter
+from adp_wire.checksum import checksum
 from lmcache_adp import config
 from lmcache_adp.completions import Completion, CompletionQueue
 from lmcache_adp.copier import Copier
+from lmcache_adp.workers import Workers
 
 SCRATCH_BYTES = 512 * 2**20  # the gateway's default session window
 
@@ -62,12 +65,11 @@ class NullConnector:
     def __init__(self, store_gbps: float = 1.5, copy: bool | str = False, **_: object) -> None:
         self._bytes_per_s = float(store_gbps) * 1e9
         threads = config.copy_threads(config.parse({}))
-        self._copier = Copier(threads) if copy in (True, "checksum") else None
-        self._checksum_only = copy == "checksum"
+        self._copier = Copier(threads) if copy is True else None
+        self._checksums = _Checksums(threads) if copy == "checksum" else None
         elsewhere = {"process": "copy", "process-checksum": "checksum"}.get(str(copy))
         self._elsewhere = _CopyElsewhere(threads, elsewhere, self._copied) if elsewhere else None
-        scratch = SCRATCH_BYTES if self._copier and not self._checksum_only else 0
-        self._scratch = _Ring(memoryview(np.empty(scratch, np.uint8)))
+        self._scratch = _Ring(memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8)))
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
         self._completions = CompletionQueue()
         self._future_ids = itertools.count(1)
@@ -89,12 +91,15 @@ class NullConnector:
             start = max(time.monotonic(), self._disk_free_at)
             self._disk_free_at = start + nbytes / self._bytes_per_s
             heapq.heappush(self._due, (self._disk_free_at, future_id, list(map(str, keys))))
-            if self._copier is not None or self._elsewhere is not None:
+            if self._copier or self._checksums or self._elsewhere:
                 self._copying[future_id] = len(memviews)
             self._wake.notify()
         if self._copier is not None:
             for memview in memviews:
-                self._read(future_id, memview.cast("B"))
+                self._copy(future_id, memview.cast("B"))
+        elif self._checksums is not None:
+            for memview in memviews:
+                self._checksums.take(memview.cast("B"), functools.partial(self._copied, future_id))
         elif self._elsewhere is not None:
             self._elsewhere.copy(future_id, [memview.nbytes for memview in memviews])
         return future_id
@@ -104,14 +109,9 @@ class NullConnector:
             self._copying[future_id] -= 1
             self._wake.notify()
 
-    def _read(self, future_id: int, source: memoryview) -> None:
-        """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path), or
-        only take its fragments' checksums (as for a zero-copy store)."""
+    def _copy(self, future_id: int, source: memoryview) -> None:
+        """Copy one buffer into the scratch ring (the plugin's Copier, as on its copy path)."""
         assert self._copier is not None
-        if self._checksum_only:
-            fragment = GatewayConfig().fragment_size
-            self._copier.checksums(source, fragment, lambda sums: self._copied(future_id))
-            return
         destination = self._scratch.take(source.nbytes)
         source = source[: destination.nbytes]
         self._copier.copy(destination, source, lambda ok: self._copied(future_id))
@@ -140,6 +140,8 @@ class NullConnector:
         self._thread.join()
         if self._copier is not None:
             self._copier.close()
+        if self._checksums is not None:
+            self._checksums.close()
         if self._elsewhere is not None:
             self._elsewhere.close()
         self._completions.close()
@@ -216,15 +218,45 @@ class _CopyElsewhere:
             self._copied(int(line))
 
 
+class _Checksums:
+    """The payload checksum of each fragment of a buffer, one job per fragment on a pool of
+    threads (the plugin's own, lmcache_adp/workers.py), as the plugin took them for a zero-copy
+    store up to protocol 4."""
+
+    def __init__(self, threads: int) -> None:
+        self._pool = Workers(threads, "null-checksums")
+        self._fragment_bytes = GatewayConfig().fragment_size
+
+    def take(self, buffer: memoryview, done: Callable[[], None]) -> None:
+        """Checksum every fragment of ``buffer``, then ``done()`` on the last one's thread."""
+        plan = fragmenter.plan(buffer.nbytes, self._fragment_bytes, 1, 0)
+        left = [len(plan)]
+        lock = threading.Lock()
+
+        def one(offset: int, length: int) -> None:
+            checksum(buffer[offset : offset + length])
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done()
+
+        for f in plan:
+            self._pool.submit(functools.partial(one, f.offset, f.length))
+
+    def close(self) -> None:
+        self._pool.close()
+
+
 def copy_worker(threads: int, work: str = "copy") -> None:
     """The other process: for each "id size size..." line, one copy per size between its own
-    rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_read`` makes
+    rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_copy`` makes
     them in LMCache's process, or with ``work`` "checksum" the fragments' checksums of as many
     bytes of the 1 GiB ring; prints the id as each one ends."""
     source = _Ring(memoryview(np.ones(2 * SCRATCH_BYTES, np.uint8)))
     scratch = _Ring(memoryview(np.ones(SCRATCH_BYTES, np.uint8)))
     copier = Copier(threads)
-    fragment = GatewayConfig().fragment_size
+    checksums = _Checksums(threads)
     printing = threading.Lock()
 
     def copied(future_id: int, ok: bool) -> None:
@@ -232,19 +264,17 @@ def copy_worker(threads: int, work: str = "copy") -> None:
             sys.stdout.write(f"{future_id}\n")
             sys.stdout.flush()
 
-    def summed(future_id: int, sums: list[int] | None) -> None:
-        copied(future_id, sums is not None)
-
     for line in sys.stdin:
         future_id, *sizes = map(int, line.split())
         for size in sizes:
             if work == "checksum":
-                copier.checksums(source.take(size), fragment, functools.partial(summed, future_id))
+                checksums.take(source.take(size), functools.partial(copied, future_id, True))
                 continue
             destination = scratch.take(size)
             part = source.take(destination.nbytes)
             copier.copy(destination, part, functools.partial(copied, future_id))
     copier.close()
+    checksums.close()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["copy-worker"]:

@@ -9,7 +9,8 @@ with ``zero_copy: false`` (the plugin copies them through the session's window).
 loads into other L1 buffers (byte-exact, already touched once, as in a warm server), from the
 disk with O_DIRECT, so never from the page cache. The gateway runs ``sync: none`` so the
 pipeline, not fdatasync, is what is compared.
-CPU is this process (the plugin: its copies, or its checksums) plus the gateway process.
+CPU is this process (the plugin: its copies) plus the gateway process (its checksums of L1, on the
+zero-copy path).
 Writes bench/results/zero_copy.json and zero_copy.md.
 """
 

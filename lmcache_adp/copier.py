@@ -1,11 +1,11 @@
 """Work on LMCache's L1 buffers, off the thread that drives the link: copies between L1 and the
-session's transfer window, and a zero-copy store's payload checksums.
+session's transfer window.
 
 Each job runs on a small pool of threads (lmcache_adp/workers.py: loads' copies first) and ends by
 calling ``done`` (on a pool thread); a copy of at most 512 KiB runs on the caller's thread instead.
 A large copy is split into slices that run on several threads at once: numpy releases the GIL
-while it copies (and xxhash while it hashes), so a 32 MiB copy keeps neither the link's thread
-nor LMCache's own threads waiting. A slice never waits for another, so the pool cannot deadlock.
+while it copies, so a 32 MiB copy keeps neither the link's thread nor LMCache's own threads
+waiting. A slice never waits for another, so the pool cannot deadlock.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from adp_wire import fragmenter
-from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 from lmcache_adp.logs import log
 from lmcache_adp.workers import Workers
@@ -60,24 +58,6 @@ class Copier:
             part = (destination[at : at + step], source[at : at + step])
             self._submit(latch, wanted, _copy, *part, urgent=urgent)
 
-    def checksums(
-        self,
-        buffer: memoryview,
-        fragment_bytes: int,
-        done: Callable[[list[int] | None], None],
-        wanted: Callable[[], bool] = _always,
-    ) -> None:
-        """The payload checksum of each fragment the gateway stores ``buffer`` as, then
-        ``done(checksums)``; None if one failed or did not start (``wanted``, as for copies)."""
-        plan = fragmenter.plan(buffer.nbytes, fragment_bytes, 1, 0)
-
-        def finished(values: list[object]) -> None:
-            done(None if FAILED in values else [v for v in values if isinstance(v, int)])
-
-        latch = _Latch(len(plan), finished)
-        for f in plan:
-            self._submit(latch, wanted, checksum, buffer[f.offset : f.offset + f.length])
-
     def close(self) -> None:
         """Wait for every job, queued or running (their ``done`` calls included)."""
         self._pool.close()
@@ -100,7 +80,7 @@ def _attempt(wanted: Callable[[], bool], work: Callable[..., object], *args: mem
         if wanted():
             return work(*args)
     except Exception:  # reported as a failed job, never lost
-        log.exception("a copy or checksum in the plugin failed")
+        log.exception("a copy in the plugin failed")
     return FAILED
 
 

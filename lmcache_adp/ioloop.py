@@ -1,9 +1,11 @@
 """The thread that drives the plugin's link to the gateway.
 
 It alone touches the link (slots, window allocator, rings) and the lanes, and it copies only
-objects of at most 512 KiB (lmcache_adp/copier.py). Larger copies between L1 and the window, and a
-zero-copy store's checksums, run on the copier's threads, which hand their results back through
-``Shared.call``. So a 32 MiB copy never delays a completion, a lookup or LMCache's own threads.
+objects of at most 512 KiB (lmcache_adp/copier.py). Larger copies between L1 and the window run
+on the copier's threads, which hand their results back through ``Shared.call``. So a 32 MiB copy
+never delays a completion, a lookup or LMCache's own threads. A zero-copy store is not read here
+at all: the gateway takes its checksums from L1, and the plugin sets the store's given-up word
+before it reports the store failed while the gateway may still be reading it.
 See lmcache_adp/connector.py for the contract with LMCache, and
 lmcache_adp/batch.py for how a batch is reported exactly once, on time, and never while one of
 its buffers is being copied.
@@ -27,9 +29,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from adp_wire import fragmenter
 from adp_wire.errors import GatewayError
-from adp_wire.protocol import CHECKSUM_BYTES, Op, Status, checksums_at, pack_checksums
+from adp_wire.protocol import GIVEN_UP_BYTES, Op, Status, given_up_at
 from adp_wire.ring.layout import PAGE_BYTES, Completion
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config
@@ -217,57 +218,52 @@ class IOLoop:
             if lane < Lane.STORE:
                 self._ring()  # lookups and loads need not wait for the stores' turn
 
-    def _send(self, link: GatewayLink, request: Request, checksums: bytes = b"") -> None:
+    def _send(self, link: GatewayLink, request: Request) -> None:
         batch: Batch = request.batch
         op_id = next(self._shared.op_ids)
-        link.submit(op_id, request, request.payload, batch.deadline_ns, checksums)
+        link.submit(op_id, request, request.payload, batch.deadline_ns)
         mark(Stage.SEND, batch.future_id)
         self._posted = True
 
-    # Stores: L1 -> window (or checksums of L1, zero-copy) on the copier, then the ring ------
+    # Stores: L1 -> window on the copier (zero-copy: nothing), then the ring ------------------
 
     def _prepare_store(self, link: GatewayLink, request: Request) -> None:
         batch: Batch = request.batch
         assert batch.buffers is not None
-        buffer = batch.buffers[request.first]
+        self._preparing.append(request)
+        if request.l1_offset is not None:  # the gateway reads L1 itself
+            self._store_ready(request, True)
+            return
         if not batch.begin_touch():
+            self._preparing.pop()
             link.release(request)  # past its deadline: _expire reports it
             return
-        self._preparing.append(request)
-        if request.l1_offset is None:
-            self._copier.copy(
-                link.extent(request),
-                buffer,
-                lambda ok: self._touched(request, ok, b""),
-                wanted=batch.in_time,
-            )
-        else:
-            self._copier.checksums(
-                buffer,
-                link.welcome.fragment_bytes,
-                lambda sums: self._touched(request, sums is not None, pack_checksums(sums or [])),
-                wanted=batch.in_time,
-            )
+        self._copier.copy(
+            link.extent(request),
+            batch.buffers[request.first],
+            lambda ok: self._touched(request, ok),
+            wanted=batch.in_time,
+        )
 
-    def _touched(self, request: Request, ok: bool, checksums: bytes) -> None:
+    def _touched(self, request: Request, ok: bool) -> None:
         """On a copier thread: the store's buffer is read; post it from the link's thread."""
         request.batch.end_touch()
         mark(Stage.COPIED, request.batch.future_id)
-        self._shared.call(lambda: self._store_ready(request, ok, checksums))
+        self._shared.call(lambda: self._store_ready(request, ok))
 
-    def _store_ready(self, request: Request, ok: bool, checksums: bytes) -> None:
+    def _store_ready(self, request: Request, ok: bool) -> None:
         """Stores reach the gateway in the order they were submitted, however their copies
         finish: each waits in ``_preparing`` for those ahead of it (a copy's time at most)."""
-        request.prepared = ok, checksums
+        request.prepared = ok
         while self._preparing and (prepared := self._preparing[0].prepared) is not None:
-            self._post_store(self._preparing.popleft(), *prepared)
+            self._post_store(self._preparing.popleft(), prepared)
 
-    def _post_store(self, request: Request, ok: bool, checksums: bytes) -> None:
+    def _post_store(self, request: Request, ok: bool) -> None:
         batch: Batch = request.batch
         link = request.link
         assert link is not None
         if ok and link is self._link and not (batch.done or batch.due or batch.expired):
-            self._send(link, request, checksums)
+            self._send(link, request)
             return
         link.release(request)
         self._settle(request, Status.FAILED)
@@ -342,11 +338,16 @@ class IOLoop:
             self._conclude(batch)
 
     def _conclude(self, batch: Batch, failed: bool = False) -> None:
-        """Report ``batch`` now, or as soon as no copy is inside its buffers."""
+        """Report ``batch`` now, or as soon as no copy is inside its buffers; a zero-copy store
+        of it still at the gateway is given up first."""
         batch.failed |= failed
         if not batch.close():
             return
         del self._active[batch.future_id]
+        if batch.op == Op.SET and self._link is not None:
+            for request in self._link.inflight.values():
+                if request.batch is batch:
+                    self._link.give_up(request)
         ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
         error = "" if ok else f"{batch.op.name} failed for some keys"
         self._shared.completions.push(batch.future_id, ok, error, batch.results)
@@ -375,6 +376,7 @@ class IOLoop:
             return
         self._shared.lookups = None
         for request in list(link.inflight.values()):
+            link.give_up(request)  # before the batch can be reported
             link.release(request)
             self._settle(request, Status.FAILED)
         link.inflight.clear()
@@ -393,15 +395,13 @@ class IOLoop:
 def zero_copy_offset(link: GatewayLink, request: Request) -> int | None:
     """The L1 offset of a store's buffer when it can be written straight from L1 on this link,
     else None (the copy path). Only objects of whole pages qualify, so no byte of L1 beyond the
-    object ever reaches the disk; and their checksums must fit the slot's arena."""
-    segment, fragment_bytes = link.l1, link.welcome.fragment_bytes
-    buffers = request.batch.buffers
-    if segment is None or not fragment_bytes or buffers is None:
+    object ever reaches the disk; and the given-up word must fit the slot's arena."""
+    segment, buffers = link.l1, request.batch.buffers
+    if segment is None or buffers is None:
         return None
     buffer = buffers[request.first]
     if buffer.nbytes % PAGE_BYTES:
         return None
-    fragments = fragmenter.count(buffer.nbytes, fragment_bytes)
-    if checksums_at(len(request.payload)) + CHECKSUM_BYTES * fragments > link.welcome.arena_bytes:
+    if given_up_at(len(request.payload)) + GIVEN_UP_BYTES > link.welcome.arena_bytes:
         return None
     return segment.offset_of(buffer)

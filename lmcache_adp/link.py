@@ -20,10 +20,11 @@ import numpy as np
 from adp_wire.errors import ProtocolError
 from adp_wire.presence import PresenceView
 from adp_wire.protocol import (
+    GIVEN_UP_BYTES,
     Hello,
     Op,
     Welcome,
-    checksums_at,
+    given_up_at,
     hello_body,
     parse_welcome,
     recv_frame,
@@ -59,7 +60,7 @@ class Request:
     data_offset: int = -1  # into the window; or into the L1 segment when l1_offset is set
     l1_offset: int | None = None  # a zero-copy store: the buffer's offset in the L1 segment
     link: GatewayLink | None = None  # the link holding its slot, from reserve to release
-    prepared: tuple[bool, bytes] | None = None  # a store copied (ok, its zero-copy checksums)
+    prepared: bool | None = None  # a store ready to post: whether its copy succeeded
 
 
 class GatewayLink:
@@ -192,16 +193,14 @@ class GatewayLink:
     def arena(self, request: Request) -> memoryview:
         return self.layout.arena(self.memory, request.slot)
 
-    def submit(
-        self, op_id: int, request: Request, payload: bytes, deadline_ns: int, extra: bytes = b""
-    ) -> None:
-        """Post ``request``: its keys (``payload``), then ``extra`` at the next 8-byte boundary
-        of its arena (a zero-copy store's checksums)."""
+    def submit(self, op_id: int, request: Request, payload: bytes, deadline_ns: int) -> None:
+        """Post ``request``: its keys (``payload``) in its arena, and for a zero-copy store its
+        given-up word, clear."""
         arena = self.arena(request)
         arena[: len(payload)] = payload
-        if extra:
-            at = checksums_at(len(payload))
-            arena[at : at + len(extra)] = extra
+        if request.l1_offset is not None:
+            at = given_up_at(len(payload))
+            arena[at : at + GIVEN_UP_BYTES] = bytes(GIVEN_UP_BYTES)
         entry = Submission(
             op_id,
             request.op,
@@ -232,6 +231,13 @@ class GatewayLink:
                 raise ProtocolError(f"completion for unknown op {completion.op_id}")
             out.append((completion, request))
         return out
+
+    def give_up(self, request: Request) -> None:
+        """Before a zero-copy store in flight is reported failed: tell the gateway, through its
+        given-up word, that LMCache may rewrite the buffer from now on (adp_wire/protocol.py)."""
+        if request.l1_offset is not None and request.link is self:
+            at = given_up_at(len(request.payload))
+            self.arena(request)[at : at + GIVEN_UP_BYTES] = b"\xff" * GIVEN_UP_BYTES
 
     def release(self, request: Request) -> None:
         """Give back the request's slot and extent (only once neither the gateway nor a copy

@@ -16,10 +16,12 @@ import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from typing import Protocol
 
 from adp_gateway.card.base import Card, CardContext, Value, Wanted
 from adp_gateway.card.loader import open_card
 from adp_gateway.config import GatewayConfig
+from adp_gateway.errors import StoreGivenUp
 from adp_gateway.format import key_hash  # places an object's first fragment: part of the layout
 from adp_gateway.objects.catalog import Catalog
 from adp_gateway.objects.names import Version, fragment_name
@@ -27,6 +29,18 @@ from adp_wire import fragmenter
 from adp_wire.ring.layout import align_up
 
 Load = tuple[str, memoryview, int]  # key, the extent to read into, object bytes
+
+
+class ZeroCopy(Protocol):
+    """A zero-copy store's object in the client's L1 (adp_gateway/extents.py, ``L1Object``)."""
+
+    def checksum(self, offset: int, length: int) -> int:
+        """The payload checksum of the object's ``length`` bytes at ``offset``."""
+        ...
+
+    def given_up(self) -> bool:
+        """Whether the client has given the store up: LMCache may rewrite the buffer."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +111,15 @@ class ObjectStore:
         key: str,
         extent: memoryview,
         object_bytes: int,
-        checksums: list[int] | None = None,
+        l1: ZeroCopy | None = None,
     ) -> None:
         """Persist ``extent[:object_bytes]``; ``extent`` is page aligned and padded to 4 KiB.
 
-        ``checksums`` (one per fragment, from ``fragment_count``) are the payload checksums the
-        client computed for a zero-copy store: then ``extent`` is the client's L1, which the
-        gateway only hands to the card (never reads or pads).
+        With ``l1``, ``extent`` is the client's L1 (a zero-copy store), never read, written or
+        padded here: the payload checksums come from ``l1`` first, then ``l1.given_up()`` says
+        whether the client has given the store up, in which case this raises StoreGivenUp and
+        writes nothing. Otherwise the checksums are of the bytes the client stored, and a byte
+        LMCache rewrites while the card still reads it can only make the record fail them.
 
         An object already stored with the same length is not written again: keys name content
         (LMCache's chunk hashes), so the bytes are the same. Raises StorageError, with nothing
@@ -115,9 +131,14 @@ class ObjectStore:
             return
         if current is not None:
             self._drop(tenant, [(key, current)])  # before the new version: it never returns
-        if checksums is None:
-            extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
         plan = self.fragment_plan(tenant, key, object_bytes)
+        checksums: list[int | None] = [None] * len(plan)  # taken by the card as it writes
+        if l1 is None:
+            extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
+        else:
+            checksums = [l1.checksum(f.offset, f.length) for f in plan]
+            if l1.given_up():
+                raise StoreGivenUp(f"the client gave the store of {tenant}/{key} up")
         version = Version(self._catalog.next_number(), object_bytes, self.fragment_bytes, len(plan))
         values = [
             Value(
@@ -125,7 +146,7 @@ class ObjectStore:
                 fragment_name(key, version, f.number),
                 extent[f.offset : f.offset + align_up(f.length)],
                 f.length,
-                None if checksums is None else checksums[f.number],
+                checksums[f.number],
             )
             for f in plan
         ]

@@ -128,7 +128,7 @@ def test_whole_page_stores_go_from_shared_l1_to_disk_and_every_load_through_the_
     assert "(zero-copy to its L1)" in gateway.log()
     assert summary(gateway) == (3, 3, 3, 2)
 
-    # Either path reads what the other wrote: the plugin's checksums are the gateway's.
+    # Either path reads what the other wrote: the gateway took the checksums on both.
     copying = plugin(gateway, zero_copy=False)
     private = [memoryview(bytearray(len(v))) for v in batch.values()]
     assert load(copying, list(batch), private) == [True] * len(batch)
@@ -174,6 +174,33 @@ def test_a_store_whose_buffer_changes_under_a_late_write_loads_as_a_miss(
     assert load(connector, list(batch), [into]) == [False]
     assert bytes(into) == bytes(len(into))
     assert run(connector, connector.submit_batch_exists(list(batch)))[1] == [False]
+    connector.close()
+
+
+def test_a_store_given_up_while_the_gateway_reads_it_is_never_written(
+    slow: FaultyGateway, shared_l1: SharedL1
+) -> None:
+    batch = keyed_objects(12, 1, 2**20)
+    connector = plugin(slow, op_timeout_s=OP_TIMEOUT_S)
+    slow.inject(checksum_delay_s=OP_TIMEOUT_S + 1.0)
+    buffer = shared_l1.buffer(2**20)
+    mark = len(slow.log())
+    started = time.monotonic()
+    # The gateway starts the store in time, and is still taking its checksums from L1 when the
+    # deadline passes: the plugin sets the store's given-up word and reports it failed on time,
+    # and LMCache rewrites the buffer at once, before the gateway's checksums read it.
+    assert store(connector, batch, [buffer]) is False
+    assert time.monotonic() - started < OP_TIMEOUT_S + GRACE_S
+    assert "holding a checksum" in slow.log()[mark:]
+    buffer[:] = bytes([0x5A]) * len(buffer)
+    # Its checksums match the rewritten bytes, so only the word keeps them off the disk: the
+    # gateway reads it next and gives the store up.
+    wait_until(lambda: "gave the store of" in slow.log()[mark:], 10, "the store given up")
+    slow.inject(clear=True)
+    assert run(connector, connector.submit_batch_exists(list(batch)))[1] == [False]
+    into = shared_l1.buffer(2**20, fill=0)
+    assert load(connector, list(batch), [into]) == [False]
+    assert bytes(into) == bytes(len(into))
     connector.close()
 
 

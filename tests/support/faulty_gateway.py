@@ -9,10 +9,13 @@ It is ``adp-gateway serve`` with each database's device wrapped in a FaultyDevic
 
     {"database": 0, "fail": "read", "errno": 5, "count": 3}   the next 3 reads raise EIO
     {"database": 1, "delay_s": 3.0}                           every I/O first sleeps 3 s
+    {"checksum_delay_s": 2.0}                                 a zero-copy store's checksums
+                                                              of L1 each first sleep 2 s
     {"clear": true}                                           no more failures or delays
 
-A delayed I/O is logged as ``database N: holding a read`` (or write) when it starts waiting, so
-a test can tell that the gateway is inside an op. It stops on SIGTERM, or when stdin closes.
+A delayed I/O is logged as ``database N: holding a read`` (or write) when it starts waiting, and
+a delayed checksum as ``holding a checksum``, so a test can tell that the gateway is inside an
+op. It stops on SIGTERM, or when stdin closes.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from adp_gateway.__main__ import parser, serve_until_stopped
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.faulty import FaultyDevice
+from adp_gateway.l1 import L1Segment
 from tests.support import Gateway, wait_until
 
 log = logging.getLogger("faulty_gateway")
@@ -54,10 +59,35 @@ class LoggedFaultyDevice(FaultyDevice):
             log.info("database %d: holding a %s for %.1f s", self.database, op, self.delay_s)
 
 
+class SlowChecksums:
+    """Wraps ``L1Segment.checksum`` (a zero-copy store's checksums, taken from the client's
+    L1): each first sleeps ``delay_s`` when told to."""
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self._checksum = L1Segment.checksum
+
+    def install(self) -> None:
+        def checksum(segment: L1Segment, offset: int, length: int) -> int:
+            if self.delay_s:
+                log.info("holding a checksum for %.1f s", self.delay_s)
+                time.sleep(self.delay_s)
+            return self._checksum(segment, offset, length)
+
+        L1Segment.checksum = checksum  # type: ignore[method-assign]
+
+
+CHECKSUMS = SlowChecksums()
+
+
 def apply(devices: list[FaultyDevice], command: dict[str, Any]) -> None:
     if command.get("clear"):
         for device in devices:
             device.clear()
+        CHECKSUMS.delay_s = 0.0
+        return
+    if "checksum_delay_s" in command:
+        CHECKSUMS.delay_s = command["checksum_delay_s"]
         return
     device = devices[command["database"]]
     if "delay_s" in command:
@@ -81,6 +111,7 @@ def main() -> int:
         devices.append(LoggedFaultyDevice(device, len(devices)))
         return devices[-1]
 
+    CHECKSUMS.install()
     threading.Thread(target=read_commands, args=(devices,), daemon=True).start()
     return serve_until_stopped(args, wrap)
 

@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.card.base import BuiltinCard, CardContext
+from adp_gateway.errors import StorageError, StoreGivenUp
+from adp_gateway.extents import L1Object
+from adp_gateway.l1 import L1Segment
 from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.presence import Presence
-from adp_wire.checksum import checksum
 from adp_wire.presence import PresenceView
+from adp_wire.ring.layout import PAGE_BYTES, align_up
 from tests.support.storage import (
     CARD_CAPACITY,
     CARD_DATABASES,
@@ -183,25 +186,63 @@ def test_tenants_are_namespaces(reopen: Opener, presence: Presence) -> None:
     assert get(store, "k", 7000, tenant="b") == theirs
 
 
-def test_zero_copy_checksums_are_kept_and_a_wrong_one_is_a_miss(
+class L1:
+    """A client's L1 segment: a shared-memory file the gateway maps read-only (L1Segment)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.fd = os.memfd_create("l1")
+        size = align_up(len(data)) + PAGE_BYTES  # and a page of another object's bytes
+        os.ftruncate(self.fd, size)
+        os.pwrite(self.fd, data + b"\xee" * (size - len(data)), 0)
+        self.segment = L1Segment(self.fd, size)
+
+    def store(self, asked: Callable[[], bool]) -> L1Object:
+        return L1Object(self.segment, 0, asked)
+
+    def close(self) -> None:
+        self.segment.close()
+        os.close(self.fd)
+
+
+def test_a_zero_copy_store_takes_its_checksums_from_l1_before_asking_if_it_was_given_up(
     reopen: Opener, presence: Presence
 ) -> None:
-    """A zero-copy store hands the client's checksums in, and a load verifies the bytes against
-    them. A store whose bytes changed under the write (its checksum does not match) is dropped at
-    its first load."""
+    """A zero-copy store's checksums are taken from the client's L1 before the store asks
+    whether the client gave it up: bytes rewritten after that answer (LMCache reusing a buffer
+    once the plugin reported the store failed) can only fail those checksums, so the object is
+    a miss, never the rewritten bytes; a store given up is not written at all; and L1 is never
+    padded or written."""
     store = reopen()
     data = payload(4, 2 * FRAGMENT + 10)
-    sums = [
-        checksum(memoryview(data)[f.offset : f.offset + f.length])
-        for f in store.fragment_plan("t", "k", len(data))
-    ]
-    store.put("t", "k", extent(data), len(data), sums)
+    l1 = L1(data)
+    before = os.pread(l1.fd, 2 * len(data), 0)
+    store.put("t", "k", l1.segment.pages(0, len(data)), len(data), l1.store(lambda: False))
     assert get(store, "k", len(data)) == data
-    store.put("t", "bad", extent(data), len(data), [sums[0] ^ 1, *sums[1:]])
-    assert get(store, "bad", len(data)) is None
-    assert store.exists("t", ["bad"]) == [False]
-    assert store.statistics().verify_failures == 1
-    assert_presence_agrees(store, presence, ["k", "bad"])
+    assert os.pread(l1.fd, 2 * len(data), 0) == before
+
+    def rewritten_after_the_answer() -> bool:
+        os.pwrite(l1.fd, payload(5, len(data)), 0)
+        return False
+
+    pages = l1.segment.pages(0, len(data))
+    store.put("t", "late", pages, len(data), l1.store(rewritten_after_the_answer))
+    assert get(store, "late", len(data)) is None
+    assert store.exists("t", ["late"]) == [False]
+    assert store.statistics().verify_failures > 0  # a failed fragment, or all three
+
+    used = store.statistics().used_bytes
+    with pytest.raises(StoreGivenUp):
+        store.put("t", "gone", pages, len(data), l1.store(lambda: True))
+    assert store.exists("t", ["gone"]) == [False]
+    assert store.statistics().used_bytes == used
+
+    os.ftruncate(l1.fd, PAGE_BYTES)  # a client that shrinks its segment: a failed store
+    with pytest.raises(StorageError, match="shrank"):
+        store.put("t", "shrunk", pages, len(data), l1.store(lambda: False))
+    l1.close()
+    assert_presence_agrees(store, presence, ["k", "late", "gone", "shrunk"])
+    if store.persistent:
+        assert reopen().exists("t", ["k", "late", "gone", "shrunk"]) == [True, False, False, False]
 
 
 def test_a_full_card_evicts_and_stays_within_its_capacity(
