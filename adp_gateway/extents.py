@@ -50,8 +50,8 @@ def given_up_word(submission: Submission, arena: memoryview) -> memoryview:
 
 @dataclass(frozen=True)
 class L1Object:
-    """A zero-copy store's object: ``nbytes`` of the client's L1 at ``offset``, checksummed
-    through the kernel (L1Segment.checksum), and ``word_set``, whether the client gave it up."""
+    """A zero-copy store's object, at ``offset`` in the client's L1: checksummed through the
+    kernel (L1Segment.checksum); ``word_set`` says whether the client gave the store up."""
 
     segment: L1Segment
     offset: int
