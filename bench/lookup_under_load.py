@@ -186,6 +186,15 @@ def client_main(args: argparse.Namespace) -> int:
 # The driver --------------------------------------------------------------------------------
 
 
+NULL_COPY: dict[str, bool | str] = {  # the null adapter's contenders: its ``copy`` param
+    "null": False,
+    "null_copy": True,
+    "null_copy_process": "process",
+    "null_checksum": "checksum",
+    "null_checksum_process": "process-checksum",
+}
+
+
 def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> dict[str, Any]:
     """One round of one contender on new storage: its client's lookup latencies. Ours may
     carry adapter params: ``lmcache_adp@copy_threads=1;op_timeout_s=30``; any contender an
@@ -204,10 +213,8 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
             spec = gateway.l2_adapter_json(**{"op_timeout_s": 60.0, **plugin_params})
-        elif name.startswith("null"):
-            modes = {"null_copy": True, "null_copy_process": "process", "null_checksum": "checksum"}
-            modes["null_checksum_process"] = "process-checksum"
-            copy = modes.get(name, False)
+        elif name in NULL_COPY:
+            copy = NULL_COPY[name]
             params = {"store_gbps": args.null_gbps, "copy": copy}
             spec = json.dumps(NULL_ADAPTER | {"adapter_params": params})
         else:

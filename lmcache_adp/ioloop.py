@@ -339,12 +339,12 @@ class IOLoop:
 
     def _conclude(self, batch: Batch, failed: bool = False) -> None:
         """Report ``batch`` now, or as soon as no copy is inside its buffers; a zero-copy store
-        of it still at the gateway is given up first."""
+        of it still at the gateway (only a failed batch has one) is given up first."""
         batch.failed |= failed
         if not batch.close():
             return
         del self._active[batch.future_id]
-        if batch.op == Op.SET and self._link is not None:
+        if batch.failed and batch.op == Op.SET and self._link is not None:
             for request in self._link.inflight.values():
                 if request.batch is batch:
                     self._link.give_up(request)
