@@ -230,14 +230,14 @@ class IOLoop:
     def _prepare_store(self, link: GatewayLink, request: Request) -> None:
         batch: Batch = request.batch
         assert batch.buffers is not None
-        self._preparing.append(request)
         if request.l1_offset is not None:  # the gateway reads L1 itself
+            self._preparing.append(request)
             self._store_ready(request, True)
             return
         if not batch.begin_touch():
-            self._preparing.pop()
             link.release(request)  # past its deadline: _expire reports it
             return
+        self._preparing.append(request)
         self._copier.copy(
             link.extent(request),
             batch.buffers[request.first],
