@@ -39,9 +39,10 @@ from adp_wire.tokens import read_token
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config, l1, trust
 from lmcache_adp.batch import Batch
-from lmcache_adp.ioloop import IOLoop, Shared
+from lmcache_adp.ioloop import IOLoop
 from lmcache_adp.link import GatewayLink
 from lmcache_adp.logs import log
+from lmcache_adp.shared import Shared
 
 HANDSHAKE_TIMEOUT_S = 2.0
 CONNECT_WAIT_S = 0.5  # the most the constructor waits for a first handshake

@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
 import os
 import select
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from adp_wire.errors import GatewayError
 from adp_wire.protocol import GIVEN_UP_BYTES, Op, Status, given_up_at
@@ -35,60 +31,13 @@ from adp_wire.ring.layout import PAGE_BYTES, Completion
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config
 from lmcache_adp.batch import Batch
-from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.copier import Copier
 from lmcache_adp.lanes import Lane, Lanes, room
 from lmcache_adp.link import GatewayLink, Request
 from lmcache_adp.logs import log
-from lmcache_adp.lookups import LocalLookups
+from lmcache_adp.shared import Shared
 
 IDLE_POLL_MS = 200
-INBOX_BATCHES_MAX = 4096  # submitted batches the link's thread has not taken yet
-
-
-class Inbox:
-    """Batches from LMCache's submitting threads to the link's thread; bounded, never blocks."""
-
-    def __init__(self, capacity: int = INBOX_BATCHES_MAX) -> None:
-        self._items: deque[Batch] = deque()
-        self._capacity = capacity
-        self._lock = threading.Lock()
-
-    def put(self, batch: Batch) -> bool:
-        """False, and nothing queued, when the inbox is full."""
-        with self._lock:
-            if len(self._items) >= self._capacity:
-                return False
-            self._items.append(batch)
-            return True
-
-    def take(self) -> Batch | None:
-        with self._lock:
-            return self._items.popleft() if self._items else None
-
-
-@dataclass
-class Shared:
-    """What the connector's threads share. Deques and events are thread-safe as used here."""
-
-    params: config.ADPParams
-    completions: CompletionQueue = field(default_factory=CompletionQueue)
-    wake: int = field(default_factory=lambda: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
-    inbox: Inbox = field(default_factory=Inbox)  # submits -> the link's thread
-    calls: deque[Callable[[], None]] = field(default_factory=deque)  # copiers -> the link's thread
-    new_links: deque[GatewayLink] = field(default_factory=deque)  # connect -> the link's thread
-    stopping: threading.Event = field(default_factory=threading.Event)
-    want_link: threading.Event = field(default_factory=threading.Event)  # I/O -> connect
-    op_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-    lookups: LocalLookups | None = None  # the current link's; the link's thread sets it
-
-    def wake_io(self) -> None:
-        os.eventfd_write(self.wake, 1)
-
-    def call(self, function: Callable[[], None]) -> None:
-        """Run ``function`` on the link's thread at its next step (from any thread)."""
-        self.calls.append(function)
-        self.wake_io()
 
 
 class IOLoop:

@@ -19,8 +19,8 @@ from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.copier import Copier
-from lmcache_adp.ioloop import Inbox
 from lmcache_adp.lanes import RUN_BYTES_MAX, split
+from lmcache_adp.shared import Inbox
 from lmcache_adp.window import WindowAllocator
 from lmcache_adp.workers import Workers
 
