@@ -33,6 +33,10 @@ Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server'
 shared-memory segment (``--shm-name``), where the plugin stores zero-copy: the gateway writes
 from L1, and no prompt is copied into the session's window.
 
+Contenders ``lmcache_adp_delayed`` and ``lmcache_adp_shm_delayed`` are ours with each store
+handed to the plugin ``delay_ms`` (30) after LMCache submits it (bench/delayed_adapter.py): the
+first lookup after a store then no longer meets the start of our write-through.
+
 Then, ours alone, through the plugin in this process (an ``ADPConnector`` on its own session):
 1,000-key EXISTS latency idle, and with ``--backlog-mib`` of stores kept pending on the same
 session (each completed store is replaced at once); both back to back (the next lookup as soon as
@@ -191,6 +195,8 @@ def client_main(args: argparse.Namespace) -> int:
 # The driver --------------------------------------------------------------------------------
 
 
+OURS = ("lmcache_adp", "lmcache_adp_shm", "lmcache_adp_delayed", "lmcache_adp_shm_delayed")
+DELAYED_ADAPTER = {"module_path": "bench.delayed_adapter", "class_name": "DelayedStores"}
 NULL_COPY: dict[str, bool | str] = {  # the null adapter's contenders: its ``copy`` param
     "null": False,
     "null_copy": True,
@@ -211,13 +217,15 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
     gateway = None
     sockdir = short_tmpdir()
     try:
-        if name in ("lmcache_adp", "lmcache_adp_shm"):
+        if name in OURS:
             capacity = f"{max(1024, args.prompt_mib * (args.prompts + 4))}MiB"
             gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
             error = gateways.start(gateway, module=True)
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
             spec = gateway.l2_adapter_json(**{"op_timeout_s": 60.0, **plugin_params})
+            if name.endswith("_delayed"):
+                spec = json.dumps(json.loads(spec) | DELAYED_ADAPTER)
         elif name in NULL_COPY:
             copy = NULL_COPY[name]
             params = {"store_gbps": args.null_gbps, "copy": copy}
@@ -229,7 +237,7 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
             )
         l1_gb = -(-args.prompt_mib * (args.prompts + 2) // 1024) + 1
         # lmcache_adp_shm: L1 in a shared-memory segment, so the plugin's stores go zero-copy.
-        shm = f"adp-lul-{os.getpid()}" if name == "lmcache_adp_shm" else None
+        shm = f"adp-lul-{os.getpid()}" if name.startswith("lmcache_adp_shm") else None
         server = LMCacheServer(
             workdir, spec, "", Path(args.lmcache_bin), l1_gb, shm, server_env
         ).start()
