@@ -6,8 +6,10 @@
 # the copy path and with zero-copy stores, fs_native), ROUNDS rounds, contenders interleaved; and
 # on request (STEPS=matrix, MATRIX_ARGS) bench/matrix.py through `lmcache bench l2`, and
 # (STEPS=op_path, OP_PATH_ARGS) bench/op_path.py, where a batch's time goes stage by stage, and
-# (STEPS=gil, GIL_CONTENDER) which threads of LMCache's server hold the GIL during one round of
-# lookups under load (py-spy copied into .stage; bench/gil_share.py sums its samples).
+# (STEPS=store_start, STORE_START_ARGS) bench/store_start.py, what a store's start costs in
+# LMCache's process with the gateway stopped, and (STEPS=gil, GIL_CONTENDER) which threads
+# of LMCache's server hold the GIL during one round of lookups under load (py-spy copied into
+# .stage; bench/gil_share.py sums its samples).
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
 # Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
 # list and why the shim):
@@ -100,6 +102,11 @@ for step in $STEPS; do
       timeout $(( $(left) - 5 )) $PY -m bench.op_path --dir "$D/op" ${OP_PATH_ARGS:-} \
         --out "$OUT/op-path-h200"; echo "op_path rc=$?"
       rm -rf "$D/op" ;;
+    store_start)  # the plugin's own work at a store's start, gateway stopped (no LMCache)
+      ts "== store_start: what a store's start costs in LMCache's process"
+      timeout $(( $(left) - 5 )) $PY -m bench.store_start --dir "$D/ss" ${STORE_START_ARGS:-} \
+        --out "$OUT/store-start-h200"; echo "store_start rc=$?"
+      rm -rf "$D/ss" ;;
     restore)
       for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }
