@@ -52,7 +52,7 @@ class Sleeper:
     """A thread that sleeps ``SLEEP_S`` at a time and records how late each wake-up is (ms)."""
 
     def __init__(self) -> None:
-        self.late: list[tuple[float, float]] = []  # (when it went to sleep, ms late)
+        self.late: list[tuple[float, float, float]] = []  # (went to sleep, woke, ms late)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sleeper", daemon=True)
         self._thread.start()
@@ -61,10 +61,15 @@ class Sleeper:
         while not self._stop.is_set():
             started = time.perf_counter()
             time.sleep(SLEEP_S)
-            self.late.append((started, (time.perf_counter() - started - SLEEP_S) * 1e3))
+            woke = time.perf_counter()
+            self.late.append((started, woke, (woke - started - SLEEP_S) * 1e3))
 
-    def worst_since(self, since: float) -> float:
-        return max((ms for at, ms in list(self.late) if at >= since), default=0.0)
+    def worst(self, since: float, until: float) -> float:
+        """The latest wake-up of the sleeps within [since, until]: ones that end later could
+        have waited for this very computation."""
+        return max(
+            (ms for at, woke, ms in list(self.late) if since <= at and woke <= until), default=0.0
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,22 +100,24 @@ def measure(
     try:
         for number in range(rounds):
             os.kill(gateway.proc.pid, signal.SIGSTOP)
+            sleeper.late.clear()
             time.sleep(0.01)
             quiet = time.perf_counter()
             time.sleep(WATCH_S)
-            idle_ms = sleeper.worst_since(quiet)
+            idle_until = time.perf_counter()
             keys = object_keys(len(buffers), first=first + number * len(buffers))
             started = time.perf_counter()
             future = connector.submit_batch_set(keys, buffers)
             submit_ms = (time.perf_counter() - started) * 1e3
             time.sleep(WATCH_S)
+            until = time.perf_counter()
             step_ms = max((ms for at, ms in list(steps) if at >= started), default=0.0)
             rows.append(
                 {
                     "submit_ms": submit_ms,
                     "longest_step_ms": step_ms,
-                    "sleeper_worst_ms": sleeper.worst_since(started),
-                    "sleeper_worst_idle_ms": idle_ms,
+                    "sleeper_worst_ms": sleeper.worst(started, until),
+                    "sleeper_worst_idle_ms": sleeper.worst(quiet, idle_until),
                 }
             )
             os.kill(gateway.proc.pid, signal.SIGCONT)
