@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from adp_gateway.errors import ProtocolError
 from adp_gateway.l1 import L1Segment
-from adp_wire.protocol import GIVEN_UP_BYTES, given_up_at
+from adp_wire.protocol import given_up_span
 from adp_wire.ring.layout import PAGE_BYTES, Submission, align_up
 
 
@@ -42,10 +42,10 @@ def l1_pages(l1: L1Segment | None, object_bytes_max: int, submission: Submission
 
 def given_up_word(submission: Submission, arena: memoryview) -> memoryview:
     """A zero-copy store's given-up word in its arena, after its keys (adp_wire/protocol.py)."""
-    at = given_up_at(submission.request_bytes)
-    if at + GIVEN_UP_BYTES > len(arena):
+    span = given_up_span(submission.request_bytes)
+    if span.stop > len(arena):
         raise ProtocolError("a zero-copy store's given-up word does not fit its arena")
-    return arena[at : at + GIVEN_UP_BYTES]
+    return arena[span]
 
 
 @dataclass(frozen=True)

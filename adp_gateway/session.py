@@ -328,7 +328,7 @@ class Session:
 
     def _given_up(self, word: memoryview) -> bool:
         """Whether the client gave a zero-copy store up (its word set), or is going: from
-        then on LMCache may rewrite the buffer (adp_wire/protocol.py, ``given_up_at``)."""
+        then on LMCache may rewrite the buffer (adp_wire/protocol.py, ``given_up_span``)."""
         return word != _CLEAR or self._l1_readers.closing or _hung_up(self._sock)
 
 

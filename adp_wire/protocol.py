@@ -28,7 +28,7 @@ import msgpack
 from adp_wire.errors import HandshakeRefused, ProtocolError
 from adp_wire.ring.layout import align_up
 
-PROTOCOL_VERSION = 5  # 5: the gateway takes a zero-copy store's checksums (given_up_at)
+PROTOCOL_VERSION = 5  # 5: the gateway takes a zero-copy store's checksums (given_up_span)
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
@@ -200,14 +200,15 @@ def parse_welcome(body: dict[str, Any]) -> Welcome:
     return Welcome(**values)
 
 
-def given_up_at(keys_bytes: int) -> int:
+def given_up_span(keys_bytes: int) -> slice:
     """Where a zero-copy store's given-up word lies in its slot's arena: after its keys, on an
     8-byte boundary. The client posts it as zero and sets it before it reports the store failed
     (past its deadline, or its link gone), after which LMCache may rewrite the buffer. The
     gateway takes the store's checksums from L1 first and reads the word next: set, it gives the
     store up; clear, the checksums are of the bytes LMCache stored, and a byte rewritten while
     the disk still reads it can only fail its checksum (docs/design.md, "Zero-copy stores")."""
-    return align_up(keys_bytes, GIVEN_UP_BYTES)
+    at = align_up(keys_bytes, GIVEN_UP_BYTES)
+    return slice(at, at + GIVEN_UP_BYTES)
 
 
 def encode_keys(keys: list[str]) -> bytes:

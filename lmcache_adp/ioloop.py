@@ -26,7 +26,7 @@ import time
 from collections import deque
 
 from adp_wire.errors import GatewayError
-from adp_wire.protocol import GIVEN_UP_BYTES, Op, Status, given_up_at
+from adp_wire.protocol import Op, Status, given_up_span
 from adp_wire.ring.layout import PAGE_BYTES, Completion
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config
@@ -351,6 +351,6 @@ def zero_copy_offset(link: GatewayLink, request: Request) -> int | None:
     buffer = buffers[request.first]
     if buffer.nbytes % PAGE_BYTES:
         return None
-    if given_up_at(len(request.payload)) + GIVEN_UP_BYTES > link.welcome.arena_bytes:
+    if given_up_span(len(request.payload)).stop > link.welcome.arena_bytes:
         return None
     return segment.offset_of(buffer)

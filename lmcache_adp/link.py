@@ -24,7 +24,7 @@ from adp_wire.protocol import (
     Hello,
     Op,
     Welcome,
-    given_up_at,
+    given_up_span,
     hello_body,
     parse_welcome,
     recv_frame,
@@ -199,8 +199,7 @@ class GatewayLink:
         arena = self.arena(request)
         arena[: len(payload)] = payload
         if request.l1_offset is not None:
-            at = given_up_at(len(payload))
-            arena[at : at + GIVEN_UP_BYTES] = bytes(GIVEN_UP_BYTES)
+            arena[given_up_span(len(payload))] = bytes(GIVEN_UP_BYTES)
         entry = Submission(
             op_id,
             request.op,
@@ -236,8 +235,7 @@ class GatewayLink:
         """Before a zero-copy store in flight is reported failed: tell the gateway, through its
         given-up word, that LMCache may rewrite the buffer from now on (adp_wire/protocol.py)."""
         if request.l1_offset is not None and request.link is self:
-            at = given_up_at(len(request.payload))
-            self.arena(request)[at : at + GIVEN_UP_BYTES] = b"\xff" * GIVEN_UP_BYTES
+            self.arena(request)[given_up_span(len(request.payload))] = b"\xff" * GIVEN_UP_BYTES
 
     def release(self, request: Request) -> None:
         """Give back the request's slot and extent (only once neither the gateway nor a copy
