@@ -27,7 +27,11 @@ LMCache's process costs a lookup, apart from the rest of our plugin and gateway.
 traffic on the host's memory and cores, none of it in LMCache's process. ``null_checksum`` only
 reads each store's buffers once, taking their fragments' checksums as a zero-copy store does: the
 least per-byte work inside LMCache's process of an adapter that checks what it stores;
-``null_checksum_process`` has another process do as much.
+``null_checksum_process`` has another process do as much. ``null_write_process`` has another
+process write as many bytes to the disk (O_DIRECT, at the gateway's fragment size and I/O
+threads): the floor for any adapter that persists what it stores, on a host whose disk traffic
+itself slows LMCache's lookups. ``null_shm`` is ``null`` with the server's L1 in shared memory,
+as for ``lmcache_adp_shm``: the floor for zero-copy.
 
 Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server's L1 in a
 shared-memory segment (``--shm-name``), where the plugin stores zero-copy: the gateway writes
@@ -203,23 +207,31 @@ NULL_COPY: dict[str, bool | str] = {  # the null adapter's contenders: its ``cop
     "null_copy_process": "process",
     "null_checksum": "checksum",
     "null_checksum_process": "process-checksum",
+    "null_write_process": "process-write",
+    "null_shm": False,
 }
 
 
 def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> dict[str, Any]:
     """One round of one contender on new storage: its client's lookup latencies. Ours may
-    carry adapter params: ``lmcache_adp@copy_threads=1;op_timeout_s=30``; any contender an
-    environment variable for its server: ``null_copy!GLIBC_TUNABLES=glibc.cpu.x=1``."""
+    carry adapter params: ``lmcache_adp@copy_threads=1;op_timeout_s=30``, and settings for its
+    gateway's config: ``lmcache_adp#card=memory;io_threads=2``; any contender an environment
+    variable for its server: ``null_copy!GLIBC_TUNABLES=glibc.cpu.x=1``."""
     contender, _, variable = contender.partition("!")
     server_env = dict([variable.split("=", 1)]) if variable else {}
+    contender, _, gateway_settings = contender.partition("#")
     name, plugin_params = gateways.contender_settings(contender)
+    _, gateway_config = gateways.contender_settings(f"gateway@{gateway_settings}")
     workdir.mkdir(parents=True)
     gateway = None
     sockdir = short_tmpdir()
     try:
         if name in OURS:
             capacity = f"{max(1024, args.prompt_mib * (args.prompts + 4))}MiB"
-            gateway = Gateway(workdir, capacity, socket_path=sockdir / "gw.sock")
+            config = gateways.write_config(workdir / "gateway.yaml", gateway_config)
+            gateway = Gateway(
+                workdir, capacity, "--config", str(config), socket_path=sockdir / "gw.sock"
+            )
             error = gateways.start(gateway, module=True)
             if error is not None:
                 raise RuntimeError(f"the gateway did not start: {error}")
@@ -228,7 +240,7 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
                 spec = json.dumps(json.loads(spec) | DELAYED_ADAPTER)
         elif name in NULL_COPY:
             copy = NULL_COPY[name]
-            params = {"store_gbps": args.null_gbps, "copy": copy}
+            params = {"store_gbps": args.null_gbps, "copy": copy, "write_dir": str(workdir)}
             spec = json.dumps(NULL_ADAPTER | {"adapter_params": params})
         else:
             (workdir / "l2").mkdir()
@@ -237,7 +249,7 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
             )
         l1_gb = -(-args.prompt_mib * (args.prompts + 2) // 1024) + 1
         # lmcache_adp_shm: L1 in a shared-memory segment, so the plugin's stores go zero-copy.
-        shm = f"adp-lul-{os.getpid()}" if name.startswith("lmcache_adp_shm") else None
+        shm = f"adp-lul-{os.getpid()}" if "_shm" in name else None
         server = LMCacheServer(
             workdir, spec, "", Path(args.lmcache_bin), l1_gb, shm, server_env
         ).start()

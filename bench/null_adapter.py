@@ -33,7 +33,13 @@ stores does inside LMCache's process. ``copy: "process-checksum"`` (the
 ``null_checksum_process`` contender) has another process take as many checksums, the same way:
 what a gateway that checks L1 itself (protocol 5) costs LMCache's lookups.
 
-    python -m bench.null_adapter copy-worker THREADS [checksum]   # "id size..." in, ids out
+With ``copy: "process-write"`` (the ``null_write_process`` contender) another process writes as
+many bytes to a file in ``write_dir`` with O_DIRECT, a fragment per write, ``WRITE_THREADS`` at a
+time, and a store completes no sooner than its writes: the disk traffic of an adapter that
+persists what it stores, none of its work in LMCache's process. It is the floor for any such
+adapter on a host whose disk traffic itself slows other work (a VM's virtio disk).
+
+    python -m bench.null_adapter copy-worker THREADS [checksum|write DIR]  # "id sizes" in, ids out
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import mmap
+import os
 import signal
 import subprocess
 import sys
@@ -59,17 +67,23 @@ from lmcache_adp.copier import Copier
 from lmcache_adp.workers import Workers
 
 SCRATCH_BYTES = 512 * 2**20  # the gateway's default session window
+WRITE_THREADS = 8  # the gateway's default io_threads
+WRITE_FILE_BYTES = 2**30  # the writes go round this file, written once before the first
 
 
 class NullConnector:
-    def __init__(self, store_gbps: float = 1.5, copy: bool | str = False, **_: object) -> None:
+    def __init__(
+        self, store_gbps: float = 1.5, copy: bool | str = False, write_dir: str = "", **_: object
+    ) -> None:
         self._bytes_per_s = float(store_gbps) * 1e9
         threads = config.copy_threads(config.parse({}))
         self._copier = Copier(threads) if copy is True else None
         self._checksums = _Checksums(threads) if copy == "checksum" else None
-        elsewhere = {"process": "copy", "process-checksum": "checksum"}.get(str(copy))
+        work = {"process": ["copy"], "process-checksum": ["checksum"]}
+        work["process-write"] = ["write", write_dir]
+        elsewhere = work.get(str(copy))
         self._elsewhere = _CopyElsewhere(threads, elsewhere, self._copied) if elsewhere else None
-        self._scratch = _Ring(memoryview(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8)))
+        self._scratch = _Ring(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8).data)
         self._copying: dict[int, int] = {}  # future id -> buffers still being copied
         self._completions = CompletionQueue()
         self._future_ids = itertools.count(1)
@@ -192,8 +206,8 @@ class _CopyElsewhere:
     """Another process that copies as many bytes as each of a store's buffers has, and says when
     each copy is done."""
 
-    def __init__(self, threads: int, work: str, copied: Callable[[int], None]) -> None:
-        argv = [sys.executable, "-m", "bench.null_adapter", "copy-worker", str(threads), work]
+    def __init__(self, threads: int, work: list[str], copied: Callable[[int], None]) -> None:
+        argv = [sys.executable, "-m", "bench.null_adapter", "copy-worker", str(threads), *work]
         self._worker = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
@@ -248,15 +262,60 @@ class _Checksums:
         self._pool.close()
 
 
-def copy_worker(threads: int, work: str = "copy") -> None:
+class _Writes:
+    """Writes of as many bytes as a buffer has, fragment by fragment, with O_DIRECT, from one
+    page-aligned block of memory to the next place in a file that was written once."""
+
+    def __init__(self, directory: str) -> None:
+        self._pool = Workers(WRITE_THREADS, "null-writes")
+        self._fragment_bytes = GatewayConfig().fragment_size
+        self._memory = mmap.mmap(-1, self._fragment_bytes)
+        self._memory.write(b"\x01" * self._fragment_bytes)
+        path = os.path.join(directory, "null-writes")
+        with open(path, "wb") as f:  # written once, so no write below converts an extent
+            for _ in range(WRITE_FILE_BYTES // self._fragment_bytes):
+                f.write(self._memory)
+        self._fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, done: Callable[[], None]) -> None:
+        """Write ``nbytes`` (whole 4 KiB pages), then ``done()`` on the last write's thread."""
+        plan = fragmenter.plan(nbytes, self._fragment_bytes, 1, 0)
+        left = [len(plan)]
+
+        def one(length: int) -> None:
+            length = -(-length // 4096) * 4096
+            with self._lock:
+                if self._offset + length > WRITE_FILE_BYTES:
+                    self._offset = 0
+                offset, self._offset = self._offset, self._offset + length
+            os.pwrite(self._fd, memoryview(self._memory)[:length], offset)
+            with self._lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done()
+
+        for f in plan:
+            self._pool.submit(functools.partial(one, f.length))
+
+    def close(self) -> None:
+        self._pool.close()
+        os.close(self._fd)
+
+
+def copy_worker(threads: int, work: str = "copy", write_dir: str = "") -> None:
     """The other process: for each "id size size..." line, one copy per size between its own
     rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_copy`` makes
-    them in LMCache's process, or with ``work`` "checksum" the fragments' checksums of as many
-    bytes of the 1 GiB ring; prints the id as each one ends."""
-    source = _Ring(memoryview(np.ones(2 * SCRATCH_BYTES, np.uint8)))
-    scratch = _Ring(memoryview(np.ones(SCRATCH_BYTES, np.uint8)))
+    them in LMCache's process; with ``work`` "checksum" the fragments' checksums of as many
+    bytes of the 1 GiB ring, with "write" as many bytes written to ``write_dir``'s disk; prints
+    the id as each one ends."""
+    source = _Ring(np.ones(2 * SCRATCH_BYTES, np.uint8).data)
+    scratch = _Ring(np.ones(SCRATCH_BYTES, np.uint8).data)
     copier = Copier(threads)
     checksums = _Checksums(threads)
+    writes = _Writes(write_dir) if work == "write" else None
     printing = threading.Lock()
 
     def copied(future_id: int, ok: bool) -> None:
@@ -270,13 +329,18 @@ def copy_worker(threads: int, work: str = "copy") -> None:
             if work == "checksum":
                 checksums.take(source.take(size), functools.partial(copied, future_id, True))
                 continue
+            if writes is not None:
+                writes.take(size, functools.partial(copied, future_id, True))
+                continue
             destination = scratch.take(size)
             part = source.take(destination.nbytes)
             copier.copy(destination, part, functools.partial(copied, future_id))
     copier.close()
     checksums.close()
+    if writes is not None:
+        writes.close()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["copy-worker"]:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C; it ends with stdin
-    copy_worker(int(sys.argv[2]), *sys.argv[3:4])
+    copy_worker(int(sys.argv[2]), *sys.argv[3:5])
