@@ -118,6 +118,7 @@ def serve_until_stopped(
 ) -> int:
     """``adp-gateway serve``: run until SIGTERM or SIGINT. ``wrap_device`` wraps each
     database's device (tests/support/faulty_gateway.py injects faults with it)."""
+    from adp_gateway import priority
     from adp_gateway.service import Gateway  # imported late: `--help` stays fast
 
     overrides = {
@@ -139,6 +140,7 @@ def serve_until_stopped(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    priority.lower(config.cpu_nice)  # before any other thread starts: they inherit it
     gateway = Gateway(config, wrap_device)
     gateway.start()
     try:

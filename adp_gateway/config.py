@@ -53,6 +53,9 @@ class GatewayConfig(Settings):
     session_window_size: ByteSize = Field(default=512 * 2**20, ge=PAGE_BYTES)
     store_backlog_max: ByteSize = 2 * 2**30
     store_inflight_max: ByteSize = 64 * 2**20
+    # the gateway's nice value, so that the model server's threads run first on a busy host
+    # (adp_gateway/priority.py); 0 keeps the priority it was started with
+    cpu_nice: int = Field(default=19, ge=0, le=19)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @property

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from adp_gateway.config import GatewayConfig
 from adp_wire.protocol import Hello, Op, hello_body, parse_welcome, recv_frame, send_frame
 from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
@@ -78,12 +79,53 @@ def test_capacity_above_free_space_is_refused(workdir: Path) -> None:
     [
         ("capacty: 1GiB\n", "unknown key 'capacty'; did you mean 'capacity'"),
         ("capacity: lots\n", "capacity: cannot read 'lots' as a size"),
+        ("cpu_nice: 25\n", "cpu_nice: must be at most 19, got 25"),
     ],
 )
 def test_bad_config_file_is_refused(workdir: Path, text: str, match: str) -> None:
     (workdir / "g.yaml").write_text(text)
     result = run_gateway("--config", str(workdir / "g.yaml"), "--data-dir", str(workdir / "d"))
     assert match in one_line_error(result)
+
+
+def thread_nice_values(pid: int) -> set[int]:
+    """The nice value of each of the process's threads (field 19 of /proc/PID/task/TID/stat)."""
+    values = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            values.add(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+    return values
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the process's autogroup ("/autogroup-42 nice 10"), None without one."""
+    path = Path(f"/proc/{pid}/autogroup")
+    return int(path.read_text().split()[-1]) if path.exists() else None
+
+
+def test_the_gateway_runs_below_the_model_servers_cpu_priority(gateway: Gateway) -> None:
+    """Every thread at cpu_nice (19), and so is the autogroup of the session it leads (the
+    tests start it with setsid, as scripts/serve.sh does): LMCache's threads run first."""
+    nice = GatewayConfig().cpu_nice
+    assert nice > os.getpriority(os.PRIO_PROCESS, 0)
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    assert os.getsid(pid) == pid
+    assert len(list(Path(f"/proc/{pid}/task").iterdir())) > 8  # its I/O threads are running
+    assert thread_nice_values(pid) == {nice}
+    if autogroup_nice(pid) is not None:
+        assert autogroup_nice(pid) == nice
+    assert f"CPU priority: nice {nice}" in gateway.log()
+
+
+def test_cpu_nice_0_keeps_the_priority_the_gateway_started_with(
+    make_gateway: Callable[..., Gateway], workdir: Path
+) -> None:
+    (workdir / "g.yaml").write_text("cpu_nice: 0\n")
+    gateway = make_gateway("256MiB", "--config", str(workdir / "g.yaml")).start()
+    assert gateway.proc is not None
+    assert thread_nice_values(gateway.proc.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
+    assert autogroup_nice(gateway.proc.pid) in (None, 0)
 
 
 def test_sigterm_stops_cleanly_and_removes_the_socket(gateway: Gateway) -> None:
