@@ -170,15 +170,22 @@ def client_main(args: argparse.Namespace) -> int:
         idle = [look(0, f"idle-{i}") for i in range(args.idle_lookups)]
         busy: list[float] = []
         first: list[bool] = []  # per busy lookup: the first one after its store
+        # CLOCK_MONOTONIC ns, the clock of ADP_TRACE's stamps (adp_wire/trace.py): when each
+        # busy lookup started, and when each store call started and returned
+        busy_at: list[int] = []
+        stores_at: list[tuple[int, int]] = []
         skipped = 0
         for seq in range(1, args.prompts + 1):
             request = client.create_request(seq, f"store-{seq}", "cold")
+            started = time.monotonic_ns()
             client.store(request, 0, request.num_full_tokens)
+            stores_at.append((started, time.monotonic_ns()))
             client.end_session(request)
             for i in range(args.lookups_per_store):
                 if not pending():  # this prompt is in L2 already: the next store makes it busy
                     skipped += args.lookups_per_store - i
                     break
+                busy_at.append(time.monotonic_ns())
                 busy.append(look(0, f"busy-{seq}-{i}"))
                 first.append(i == 0)
         wait_until(lambda: pending() == 0, 600, "L2 to settle")
@@ -188,6 +195,8 @@ def client_main(args: argparse.Namespace) -> int:
         "idle_ms": idle,
         "busy_ms": busy,
         "busy_first_after_store": first,
+        "busy_at_ns": busy_at,
+        "stores_at_ns": stores_at,
         "busy_skipped_l2_idle": skipped,
         "notes": notes,
         "chunks_per_prompt": resident.total_chunks,
