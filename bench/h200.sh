@@ -86,6 +86,8 @@ for step in $STEPS; do
       rm -rf "$D/gil" ;;
     lookup)
       ts "== lookup_under_load, GPU mode, ${LOOKUP_MIB:-1024} MiB prompts"
+      # the kernel weighs the gateway and LMCache's server as autogroups when this is 1 (cpu_nice)
+      echo "sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)"
       timeout $(( $(left) - 5 )) $PY -m bench.lookup_under_load --dir "$D/lookup" --mode "${MODE:-gpu}" \
         --prompt-mib "${LOOKUP_MIB:-1024}" --prompts "${LOOKUP_PROMPTS:-4}" \
         --rounds "${LOOKUP_ROUNDS:-3}" --contenders "${LOOKUP_CONTENDERS:-lmcache_adp,fs_native,null}" \
