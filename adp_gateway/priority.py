@@ -40,12 +40,17 @@ def lower(nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, thread, nice)  # Linux: one thread's nice
         except OSError as exc:  # a thread that has ended, or a system that refuses
             log.debug("thread %d keeps its nice value: %s", thread, exc)
-    where = "its threads"
+    group = ""
     if os.getsid(0) == os.getpid():
         try:
-            if nice > int(AUTOGROUP.read_text().split()[-1]):
+            if nice > _autogroup_nice():
                 AUTOGROUP.write_text(f"{nice}\n")
-            where += " and its session's autogroup"
+            group = f", its session's autogroup nice {_autogroup_nice()}"
         except (OSError, ValueError, IndexError) as exc:
             log.info("the gateway's autogroup keeps its priority: %s", exc)
-    log.info("CPU priority: nice %d for %s (cpu_nice)", os.getpriority(os.PRIO_PROCESS, 0), where)
+    threads = os.getpriority(os.PRIO_PROCESS, 0)
+    log.info("CPU priority (cpu_nice %d): its threads nice %d%s", nice, threads, group)
+
+
+def _autogroup_nice() -> int:
+    return int(AUTOGROUP.read_text().split()[-1])

@@ -115,7 +115,7 @@ def test_the_gateway_runs_below_the_model_servers_cpu_priority(gateway: Gateway)
     assert thread_nice_values(pid) == {nice}
     if autogroup_nice(pid) is not None:
         assert autogroup_nice(pid) == nice
-    assert f"CPU priority: nice {nice}" in gateway.log()
+    assert f"its threads nice {nice}" in gateway.log()
 
 
 def test_cpu_nice_0_keeps_the_priority_the_gateway_started_with(
