@@ -21,7 +21,13 @@ WIRE_LAYERS = [
 ]
 GATEWAY_LAYERS = [
     {"adp_gateway.errors"},
-    {"adp_gateway.format", "adp_gateway.l1", "adp_gateway.hugepages", "adp_gateway.objects.names"},
+    {
+        "adp_gateway.format",
+        "adp_gateway.l1",
+        "adp_gateway.hugepages",
+        "adp_gateway.priority",
+        "adp_gateway.objects.names",
+    },
     {
         "adp_gateway.metrics",
         "adp_gateway.status",
