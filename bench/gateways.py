@@ -35,8 +35,14 @@ def contender_settings(contender: str) -> tuple[str, dict[str, Any]]:
     sync_interval_ms=5`` is ``("adp-periodic", {"io_threads": 16, "sync_interval_ms": 5})``
     (each value read as YAML)."""
     name, _, rest = contender.partition("@")
-    pairs = (setting.partition("=") for setting in rest.split(";") if setting)
-    return name, {key: yaml.safe_load(value) for key, _, value in pairs}
+    return name, settings_of(rest)
+
+
+def settings_of(text: str) -> dict[str, Any]:
+    """``io_threads=16;sync_interval_ms=5`` as ``{"io_threads": 16, "sync_interval_ms": 5}``
+    (each value read as YAML)."""
+    pairs = (setting.partition("=") for setting in text.split(";") if setting)
+    return {key: yaml.safe_load(value) for key, _, value in pairs}
 
 
 def write_config(path: Path, settings: dict[str, Any]) -> Path:

@@ -230,7 +230,7 @@ def run_contender(args: argparse.Namespace, contender: str, workdir: Path) -> di
     server_env = dict([variable.split("=", 1)]) if variable else {}
     contender, _, gateway_settings = contender.partition("#")
     name, plugin_params = gateways.contender_settings(contender)
-    _, gateway_config = gateways.contender_settings(f"gateway@{gateway_settings}")
+    gateway_config = gateways.settings_of(gateway_settings)
     workdir.mkdir(parents=True)
     gateway = None
     sockdir = short_tmpdir()

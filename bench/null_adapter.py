@@ -61,6 +61,7 @@ import numpy as np
 from adp_gateway.config import GatewayConfig
 from adp_wire import fragmenter
 from adp_wire.checksum import checksum
+from adp_wire.ring.layout import align_up
 from lmcache_adp import config
 from lmcache_adp.completions import Completion, CompletionQueue
 from lmcache_adp.copier import Copier
@@ -79,8 +80,11 @@ class NullConnector:
         threads = config.copy_threads(config.parse({}))
         self._copier = Copier(threads) if copy is True else None
         self._checksums = _Checksums(threads) if copy == "checksum" else None
-        work = {"process": ["copy"], "process-checksum": ["checksum"]}
-        work["process-write"] = ["write", write_dir]
+        work = {
+            "process": ["copy"],
+            "process-checksum": ["checksum"],
+            "process-write": ["write", write_dir],
+        }
         elsewhere = work.get(str(copy))
         self._elsewhere = _CopyElsewhere(threads, elsewhere, self._copied) if elsewhere else None
         self._scratch = _Ring(np.empty(SCRATCH_BYTES if self._copier else 0, np.uint8).data)
@@ -244,16 +248,11 @@ class _Checksums:
     def take(self, buffer: memoryview, done: Callable[[], None]) -> None:
         """Checksum every fragment of ``buffer``, then ``done()`` on the last one's thread."""
         plan = fragmenter.plan(buffer.nbytes, self._fragment_bytes, 1, 0)
-        left = [len(plan)]
-        lock = threading.Lock()
+        one_done = _last_calls(len(plan), done)
 
         def one(offset: int, length: int) -> None:
             checksum(buffer[offset : offset + length])
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                done()
+            one_done()
 
         for f in plan:
             self._pool.submit(functools.partial(one, f.offset, f.length))
@@ -282,20 +281,16 @@ class _Writes:
     def take(self, nbytes: int, done: Callable[[], None]) -> None:
         """Write ``nbytes`` (whole 4 KiB pages), then ``done()`` on the last write's thread."""
         plan = fragmenter.plan(nbytes, self._fragment_bytes, 1, 0)
-        left = [len(plan)]
+        one_done = _last_calls(len(plan), done)
 
         def one(length: int) -> None:
-            length = -(-length // 4096) * 4096
+            length = align_up(length)
             with self._lock:
                 if self._offset + length > WRITE_FILE_BYTES:
                     self._offset = 0
                 offset, self._offset = self._offset, self._offset + length
             os.pwrite(self._fd, memoryview(self._memory)[:length], offset)
-            with self._lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                done()
+            one_done()
 
         for f in plan:
             self._pool.submit(functools.partial(one, f.length))
@@ -303,6 +298,21 @@ class _Writes:
     def close(self) -> None:
         self._pool.close()
         os.close(self._fd)
+
+
+def _last_calls(count: int, done: Callable[[], None]) -> Callable[[], None]:
+    """A function to call once per part, from any thread: the ``count``-th call calls ``done``."""
+    left = [count]
+    lock = threading.Lock()
+
+    def one_done() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            done()
+
+    return one_done
 
 
 def copy_worker(threads: int, work: str = "copy", write_dir: str = "") -> None:
