@@ -140,8 +140,8 @@ def serve_until_stopped(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    priority.lower(config.cpu_nice)  # before any other thread starts: they inherit it
-    gateway = Gateway(config, wrap_device)
+    boost = priority.lower(config.cpu_nice)  # before any other thread starts: they inherit it
+    gateway = Gateway(config, wrap_device, boost)
     gateway.start()
     try:
         while not stop.wait(1.0):

@@ -68,8 +68,10 @@ class Scheduler:
         store_backlog_bytes_max: int,
         per_database_max: int | None = None,
         store_inflight_bytes_max: int | None = None,
+        on_load: Callable[[], None] | None = None,
     ) -> None:
         self._store_backlog_bytes_max = store_backlog_bytes_max
+        self._on_load = on_load  # called with each load it queued (adp_gateway/priority.py)
         self._per_database_max = per_database_max
         self._store_inflight_bytes_max = store_inflight_bytes_max
         self._store_running_bytes = 0
@@ -95,7 +97,14 @@ class Scheduler:
             self._queues[task.priority].setdefault(task.session_id, deque()).append(task)
             self._queued += 1
             self._ready.notify()
-            return True
+        if task.priority == Priority.LOAD and self._on_load is not None:
+            self._on_load()  # after the load is queued, and outside the lock
+        return True
+
+    def loads_pending(self) -> bool:
+        """Whether a load runs or waits."""
+        with self._ready:
+            return bool(self._loads_running or self._queues[Priority.LOAD])
 
     def next(self, timeout_s: float) -> Task | None:
         """The next task to run, waiting up to ``timeout_s``; None on timeout or when closed.

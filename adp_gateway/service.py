@@ -32,6 +32,7 @@ from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
 from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.presence import Presence
 from adp_gateway.presence import slots_for as presence_slots_for
+from adp_gateway.priority import LoadBoost
 from adp_gateway.reception import Reception
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
@@ -49,9 +50,13 @@ STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not tick
 
 class Gateway:
     def __init__(
-        self, config: GatewayConfig, wrap_device: Callable[[Device], Device] | None = None
+        self,
+        config: GatewayConfig,
+        wrap_device: Callable[[Device], Device] | None = None,
+        boost: LoadBoost | None = None,
     ) -> None:
-        """``wrap_device`` wraps each database's device (tests inject faults with it)."""
+        """``wrap_device`` wraps each database's device (tests inject faults with it);
+        ``boost`` is the gateway's priority while loads run (adp_gateway/priority.py)."""
         check_host()
         # Before the databases are touched: a second gateway on a live socket is refused
         # without creating or preallocating anything.
@@ -82,10 +87,12 @@ class Gateway:
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
         self._reception = Reception(self.config, self.tenants, self._new_session, self.status)
+        self._boost = boost
         self.scheduler = Scheduler(
             self.config.store_backlog_max,
             _per_database_max(self.config),
             self.config.store_inflight_max,
+            boost.load_arrived if boost is not None else None,
         )
         self.presence = Presence(presence_slots_for(self.config.capacity or 0))
         self.store = self._open_store()
@@ -230,6 +237,8 @@ class Gateway:
             self._heartbeat = time.monotonic()
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
+            if self._boost is not None:
+                self._boost.settle(self.scheduler.loads_pending)
             self._fold_lookups()
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
                 self._rates.sample()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import struct
@@ -22,6 +23,7 @@ from adp_wire.protocol import Hello, Op, hello_body, parse_welcome, recv_frame, 
 from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, session_resources, wait_for_future, wait_until
+from tests.support.faulty_gateway import FaultyGateway
 from tests.support.plugin import connected, make_tenant_table, objects, views
 
 
@@ -126,6 +128,53 @@ def test_cpu_nice_0_keeps_the_priority_the_gateway_started_with(
     assert gateway.proc is not None
     assert thread_nice_values(gateway.proc.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
     assert autogroup_nice(gateway.proc.pid) in (None, 0)
+
+
+def test_while_loads_run_the_autogroup_is_back_at_its_starting_priority(
+    workdir: Path,
+) -> None:
+    """LMCache waits for loads: while one runs (its reads held up here), the gateway's
+    autogroup has the nice value it started with; a store does not raise it, and once the load
+    is done it goes back to cpu_nice."""
+    (workdir / "g.yaml").write_text("databases_per_dir: 2\n")
+    gateway = FaultyGateway(workdir, "1GiB", "--config", str(workdir / "g.yaml"))
+    connector = None
+    try:
+        gateway.start()
+        assert gateway.proc is not None
+        pid, lowered = gateway.proc.pid, GatewayConfig().cpu_nice
+        if autogroup_nice(pid) is None:
+            pytest.skip("this kernel has no autogroups")
+        said = re.search(rf"autogroup nice {lowered} \((\d+) while loads run\)", gateway.log())
+        assert said is not None, gateway.log()
+        started = int(said[1])  # a new session's autogroup starts at 0
+        assert started < lowered
+        connector = ADPConnector(**gateway.adapter_params(op_timeout_s=30))
+        connected(connector)
+        data = objects(2, 2 * 2**20)
+        stored = connector.submit_batch_set(["k0"], views(data[:1]))
+        assert wait_for_future(connector, stored)[1]
+        for database in range(2):
+            gateway.inject(database=database, delay_s=1.5)
+
+        mark = len(gateway.log())
+        stored = connector.submit_batch_set(["k1"], views(data[1:]))
+        wait_until(lambda: "holding a write" in gateway.log()[mark:], 10, "the store's write")
+        assert autogroup_nice(pid) == lowered
+        assert wait_for_future(connector, stored)[1]
+
+        mark = len(gateway.log())
+        into = bytearray(len(data[0]))
+        loaded = connector.submit_batch_get(["k0"], [memoryview(into)])
+        wait_until(lambda: "holding a read" in gateway.log()[mark:], 10, "the load's read")
+        wait_until(lambda: autogroup_nice(pid) == started, 1, "the autogroup's priority raised")
+        assert wait_for_future(connector, loaded)[1]
+        assert into == data[0]
+        wait_until(lambda: autogroup_nice(pid) == lowered, 10, "the autogroup lowered again")
+    finally:
+        if connector is not None:
+            connector.close()
+        gateway.kill()
 
 
 def test_sigterm_stops_cleanly_and_removes_the_socket(gateway: Gateway) -> None:

@@ -44,6 +44,22 @@ def test_loads_go_first_then_stores_then_deletes() -> None:
     ]
 
 
+def test_a_queued_load_is_announced_and_pending_until_it_finishes() -> None:
+    """``on_load`` (the gateway's priority, adp_gateway/priority.py) hears of each load once it
+    is queued; ``loads_pending`` holds while it waits or runs, and not for stores."""
+    seen: list[bool] = []
+    scheduler = Scheduler(10**9, on_load=lambda: seen.append(scheduler.loads_pending()))
+    scheduler.submit(task(Priority.STORE, 1, 10))
+    assert seen == [] and not scheduler.loads_pending()
+    scheduler.submit(task(Priority.LOAD, 1))
+    assert seen == [True]
+    load = scheduler.next(0)
+    assert load is not None and load.priority == Priority.LOAD
+    assert scheduler.loads_pending()  # running
+    scheduler.finished(load)
+    assert not scheduler.loads_pending()  # the store still waits
+
+
 def test_sessions_take_turns_within_a_class() -> None:
     scheduler = Scheduler(10**9)
     for _ in range(3):
