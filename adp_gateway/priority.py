@@ -20,7 +20,8 @@ While loads run or wait, LMCache is waiting for them, not competing with them: a
 lowered its autogroup gives it back the priority it started with (``LoadBoost``) until no load
 has run or waited for ``LINGER_S``. (A thread's nice value cannot come back down without
 privilege; an autogroup's can.) On the 2-core VM a 2 GB restore took about 10% longer at nice 19
-than at nice 0 without this (bench/results/cpu-nice-vm/).
+than at nice 0 without this (bench/results/cpu-nice-vm/), and as long with it
+(bench/results/load-boost-vm/).
 
 Raising the nice value needs no privilege; nothing here fails the gateway's start.
 """
