@@ -104,7 +104,7 @@ class Scheduler:
     def loads_pending(self) -> bool:
         """Whether a load runs or waits."""
         with self._ready:
-            return bool(self._loads_running or self._queues[Priority.LOAD])
+            return self._loading()
 
     def next(self, timeout_s: float) -> Task | None:
         """The next task to run, waiting up to ``timeout_s``; None on timeout or when closed.
@@ -209,13 +209,17 @@ class Scheduler:
         if now > task.deadline_ns:
             return True
         if task.priority == Priority.STORE and self._store_running_bytes:
-            if self._loads_running or self._queues[Priority.LOAD]:
+            if self._loading():
                 return False  # writes yield to reads: one store writing at most
             depth = self._store_inflight_bytes_max
             if depth is not None and self._store_running_bytes + task.data_bytes > depth:
                 return False
         limit = self._per_database_max
         return limit is None or all(self._running[d] < limit for d in task.databases)
+
+    def _loading(self) -> bool:
+        """Under the lock: whether a load runs or waits."""
+        return bool(self._loads_running or self._queues[Priority.LOAD])
 
     def _release(self, tasks: list[Task]) -> None:
         """Under the lock: ``tasks`` left the queues."""
