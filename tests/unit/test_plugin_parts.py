@@ -7,6 +7,7 @@ long for it."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
 import select
@@ -16,9 +17,11 @@ import msgpack
 import numpy as np
 
 from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op
+from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.copier import Copier
+from lmcache_adp.l1 import L1Map
 from lmcache_adp.lanes import RUN_BYTES_MAX, split
 from lmcache_adp.shared import Inbox
 from lmcache_adp.window import WindowAllocator
@@ -162,3 +165,19 @@ def test_urgent_jobs_overtake_queued_ones_and_close_runs_every_job() -> None:
     gate.set()
     workers.close()
     assert order == ["load", "store-1", "store-2"]
+
+
+def test_a_buffer_in_l1_is_found_at_its_offset_whether_writable_or_not() -> None:
+    segment = mmap.mmap(-1, 16 * PAGE_BYTES)
+    whole = memoryview(segment)
+    start = int(np.frombuffer(whole, np.uint8).ctypes.data)
+    l1 = L1Map("/dev/shm/unused", start, len(segment))
+    inside = whole[3 * PAGE_BYTES : 5 * PAGE_BYTES]
+    assert l1.offset_of(inside) == 3 * PAGE_BYTES
+    assert l1.offset_of(inside.toreadonly()) == 3 * PAGE_BYTES
+    assert l1.offset_of(whole[100 : 100 + PAGE_BYTES]) is None  # not on a page: the copy path
+    assert l1.offset_of(whole[:0]) is None
+    elsewhere = memoryview(bytearray(PAGE_BYTES))
+    assert l1.offset_of(elsewhere) is None
+    shifted = L1Map("/dev/shm/unused", start + PAGE_BYTES, 2 * PAGE_BYTES)  # ends inside `inside`
+    assert shifted.offset_of(inside) is None
