@@ -180,11 +180,8 @@ class IOLoop:
         batch: Batch = request.batch
         assert batch.buffers is not None
         if request.l1_offset is not None:  # the gateway reads L1 itself
-            if self._preparing:  # behind copies: in submission order
-                self._preparing.append(request)
-                self._store_ready(request, True)
-            else:
-                self._send(link, request)
+            self._preparing.append(request)
+            self._store_ready(request, True)
             return
         if not batch.begin_touch():
             link.release(request)  # past its deadline: _expire reports it

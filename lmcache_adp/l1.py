@@ -8,7 +8,6 @@ hello, and from then on a buffer inside the mapping travels as an offset into th
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass
 
@@ -31,7 +30,8 @@ class L1Map:
         on a page (what O_DIRECT needs); None otherwise (the copy path)."""
         if not buffer.nbytes:
             return None
-        offset = address_of(buffer) - self.start
+        address = int(np.frombuffer(buffer, np.uint8).ctypes.data)
+        offset = address - self.start
         if offset % PAGE_BYTES or offset < 0 or offset + buffer.nbytes > self.size:
             return None
         return offset
@@ -39,14 +39,6 @@ class L1Map:
     def open(self) -> int:
         """A new read-only fd of the segment, to hand to the gateway: it only ever reads L1."""
         return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-
-
-def address_of(buffer: memoryview) -> int:
-    """Where ``buffer`` starts in this process. LMCache's buffers are writable, which ctypes
-    reads in a fifth of numpy's time; numpy takes any other."""
-    if buffer.readonly:
-        return int(np.frombuffer(buffer, np.uint8).ctypes.data)
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
 
 def find(maps_path: str = "/proc/self/maps") -> L1Map | None:

@@ -46,7 +46,7 @@ from lmcache_adp.lookups import LocalLookups
 from lmcache_adp.window import WindowAllocator
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False)
 class Request:
     """One ring op: a single object (GET/SET) or a run of keys (EXISTS/DELETE)."""
 
@@ -95,7 +95,6 @@ class GatewayLink:
             for fd in fds[3:]:  # the presence table's: its mapping keeps the table
                 os.close(fd)
         self.l1: L1Map | None = None  # set by connect when the gateway took our L1 segment
-        self._arenas = [self.layout.arena(self.memory, slot) for slot in range(welcome.slots)]
         self._free_slots = list(range(welcome.slots - 1, -1, -1))
         self.allocator = WindowAllocator(welcome.window_bytes)
         self.inflight: dict[int, Request] = {}  # op_id -> request
@@ -192,7 +191,7 @@ class GatewayLink:
         return self.window[request.data_offset : request.data_offset + request.data_bytes]
 
     def arena(self, request: Request) -> memoryview:
-        return self._arenas[request.slot]
+        return self.layout.arena(self.memory, request.slot)
 
     def submit(self, op_id: int, request: Request, payload: bytes, deadline_ns: int) -> None:
         """Post ``request``: its keys (``payload``) in its arena, and for a zero-copy store its
