@@ -11,6 +11,7 @@ re-exported here) and its own. Every error carries a hint on how to fix it.
      +-- UntrustedGateway   the plugin refused a gateway (its uid, or who can write its socket)
      +-- UnsupportedHost    this CPU's memory model is not one the rings are written for
      +-- StorageError       the disk failed an I/O; the op completes as a failure
+          +-- StoreGivenUp  its client gave a zero-copy store up first; nothing was written
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "ProtocolError",
     "StartupError",
     "StorageError",
+    "StoreGivenUp",
     "UnsupportedHost",
     "UntrustedGateway",
 ]

@@ -96,7 +96,7 @@ class Reception:
             l1 = _map_l1(hello, received, peer)
             session = self._open_session(conn, hello, str(peer), l1)
             try:
-                welcome, fds = session.welcome(self._config.session_window_size)
+                welcome, fds = session.welcome()
                 send_frame(conn, welcome_body(welcome), fds)
                 conn.settimeout(None)
             except BaseException:  # the client went away mid-handshake: free what it held

@@ -3,7 +3,7 @@
 Policy: loads before stores before deletes (a returning prompt waits on loads; a store can be
 dropped by a cache). Within a class, sessions take turns, so one client flooding stores does not
 starve another's. Admission control: while the bytes of queued stores exceed
-``store_backlog_bytes_max``, new stores are refused at once (the plugin reports a failed store
+``store_backlog_max``, new stores are refused at once (the plugin reports a failed store
 and LMCache keeps the chunk in L1) instead of holding LMCache's buffers for longer.
 EXISTS never comes here: the session answers it from the index.
 
@@ -65,15 +65,15 @@ class SchedulerStatistics:
 class Scheduler:
     def __init__(
         self,
-        store_backlog_bytes_max: int,
+        store_backlog_max: int,
         per_database_max: int | None = None,
-        store_inflight_bytes_max: int | None = None,
+        store_inflight_max: int | None = None,
         on_load: Callable[[], None] | None = None,
     ) -> None:
-        self._store_backlog_bytes_max = store_backlog_bytes_max
+        self._store_backlog_max = store_backlog_max
         self._on_load = on_load  # called with each load it queued (adp_gateway/priority.py)
         self._per_database_max = per_database_max
-        self._store_inflight_bytes_max = store_inflight_bytes_max
+        self._store_inflight_max = store_inflight_max
         self._store_running_bytes = 0
         self._loads_running = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
@@ -91,7 +91,7 @@ class Scheduler:
                 return False
             if task.priority == Priority.STORE:
                 backlog = self._store_backlog_bytes + task.data_bytes
-                if self._store_backlog_bytes and backlog > self._store_backlog_bytes_max:
+                if self._store_backlog_bytes and backlog > self._store_backlog_max:
                     return False
                 self._store_backlog_bytes = backlog
             self._queues[task.priority].setdefault(task.session_id, deque()).append(task)
@@ -211,7 +211,7 @@ class Scheduler:
         if task.priority == Priority.STORE and self._store_running_bytes:
             if self._loading():
                 return False  # writes yield to reads: one store writing at most
-            depth = self._store_inflight_bytes_max
+            depth = self._store_inflight_max
             if depth is not None and self._store_running_bytes + task.data_bytes > depth:
                 return False
         limit = self._per_database_max

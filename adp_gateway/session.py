@@ -119,14 +119,18 @@ class Session:
             self._l1_readers,
         )
 
-    def welcome(self, object_bytes_max: int) -> tuple[Welcome, list[int]]:
+    @property
+    def object_bytes_max(self) -> int:
+        """The largest object the client may store or load: a load lands in the window."""
+        return self._layout.window_bytes
+
+    def welcome(self) -> tuple[Welcome, list[int]]:
         welcome = Welcome(
             self.session_id,
             self._layout.slots,
             self._layout.arena_bytes,
             self._layout.window_bytes,
-            object_bytes_max,
-            self._store.fragment_bytes,
+            self.object_bytes_max,
             int(self._l1 is not None),
             self._presence_slots,
         )
@@ -310,7 +314,7 @@ class Session:
         key, length = keys[0], submission.data_bytes
         zero_copy = bool(submission.flags & FLAG_L1)
         if zero_copy:
-            extent = l1_pages(self._l1, self._layout.window_bytes, submission)
+            extent = l1_pages(self._l1, self.object_bytes_max, submission)
             self._count(zero_copy=1)
         else:
             extent = window_range(self._window, submission)

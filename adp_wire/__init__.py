@@ -8,7 +8,7 @@ one side writes and the other reads is defined once, here. docs/ring-format.md d
 - ``ring.queue``: the single-producer single-consumer queues over it, and ``check_host``
 - ``tokens``: the tenant token file both sides read
 - ``errors``: the exception tree both sides raise
-- ``checksum``: the one checksum (records on disk, zero-copy payloads)
+- ``checksum``: the one checksum of records on disk, which tools and tests recompute
 - ``fragmenter``: how an object splits into fragments (the plan, no I/O)
 - ``units``: byte sizes such as ``64GiB``, parsed and printed
 

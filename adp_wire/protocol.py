@@ -28,7 +28,7 @@ import msgpack
 from adp_wire.errors import HandshakeRefused, ProtocolError
 from adp_wire.ring.layout import align_up
 
-PROTOCOL_VERSION = 5  # 5: the gateway takes a zero-copy store's checksums (given_up_span)
+PROTOCOL_VERSION = 6  # 5: the gateway takes a zero-copy store's checksums; 6: no fragment_bytes
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
@@ -86,7 +86,6 @@ class Welcome:
     arena_bytes: int
     window_bytes: int
     object_bytes_max: int
-    fragment_bytes: int = 0  # zero-copy stores carry one checksum per fragment of this size
     l1_attached: int = 0  # 1 when the gateway mapped the client's L1 segment
     presence_slots: int = 0  # the cells of the tenant's presence table, whose fd comes 4th; 0: none
 

@@ -6,7 +6,7 @@ errors. A model subclasses :class:`Settings` (strict, frozen, unknown keys refus
 its fields with plain types, ``Literal`` choices, ``Field(ge=...)`` bounds, :data:`ByteSize`
 (accepts ``64GiB``) and :data:`OneOrMany` lists (a single value counts as a list of one).
 :func:`build` checks a mapping against a model and turns pydantic's ``ValidationError`` into one
-:class:`~adp_gateway.errors.ConfigError` line: where, which field (``tenants[1].quota``), what is
+:class:`~adp_wire.errors.ConfigError` line: where, which field (``tenants[1].quota``), what is
 wrong and what would be accepted.
 """
 
@@ -22,8 +22,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from adp_wire.errors import ConfigError
-
-# Until the byte-size parser moves to adp_wire.units, it lives with the gateway.
 from adp_wire.units import parse_size
 
 __all__ = ["ByteSize", "OneOrMany", "Settings", "build", "describe", "explain"]

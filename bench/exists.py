@@ -193,7 +193,7 @@ def _time_session_path(
         1, theirs, TENANT, "bench", layout, process.store, process.scheduler,
         lambda _: None, process.metrics,
     )  # fmt: skip
-    _, (memfd, submitted, completed) = session.welcome(0)
+    _, (memfd, submitted, completed) = session.welcome()
     memory = memoryview(map_shared(memfd, layout))  # before run() closes the session's memfd
     client_sq, client_cq = submission_producer(memory, layout), completion_consumer(memory, layout)
     runner = threading.Thread(target=session.run, name="bench-session", daemon=True)

@@ -147,7 +147,7 @@ class IOLoop:
         for lane in Lane:
             slots_max, window_bytes_max = room(lane, link.welcome)
             while (request := self._lanes.head(lane)) is not None:
-                batch: Batch = request.batch
+                batch = request.batch
                 if batch.done or batch.due:
                     self._lanes.pop(lane)  # reported already (expired): its rest never goes
                     continue
@@ -168,7 +168,7 @@ class IOLoop:
                 self._ring()  # lookups and loads need not wait for the stores' turn
 
     def _send(self, link: GatewayLink, request: Request) -> None:
-        batch: Batch = request.batch
+        batch = request.batch
         op_id = next(self._shared.op_ids)
         link.submit(op_id, request, request.payload, batch.deadline_ns)
         mark(Stage.SEND, batch.future_id)
@@ -177,7 +177,7 @@ class IOLoop:
     # Stores: L1 -> window on the copier (zero-copy: nothing), then the ring ------------------
 
     def _prepare_store(self, link: GatewayLink, request: Request) -> None:
-        batch: Batch = request.batch
+        batch = request.batch
         assert batch.buffers is not None
         if request.l1_offset is not None:  # the gateway reads L1 itself
             self._preparing.append(request)
@@ -208,7 +208,7 @@ class IOLoop:
             self._post_store(self._preparing.popleft(), prepared)
 
     def _post_store(self, request: Request, ok: bool) -> None:
-        batch: Batch = request.batch
+        batch = request.batch
         link = request.link
         assert link is not None
         if ok and link is self._link and not (batch.done or batch.due or batch.expired):
@@ -222,7 +222,7 @@ class IOLoop:
     def _finish(self, request: Request, completion: Completion) -> None:
         link = self._link
         assert link is not None and request.link is link
-        batch: Batch = request.batch
+        batch = request.batch
         mark(Stage.COMPLETION, batch.future_id)
         status = (
             Status(completion.status)
@@ -245,7 +245,7 @@ class IOLoop:
 
     def _load_into_l1(self, link: GatewayLink, request: Request) -> None:
         """Copy a verified load from the window into LMCache's buffer, if still in time."""
-        batch: Batch = request.batch
+        batch = request.batch
         assert batch.buffers is not None
         if not batch.begin_touch():
             link.release(request)  # past its deadline: _expire reports it, without this key
@@ -274,7 +274,7 @@ class IOLoop:
     def _settle(self, request: Request, status: Status, results: list[bool] | None = None) -> None:
         """Record a request's outcome in its batch; report the batch when it is the last one
         (or when it was due and waited only for this)."""
-        batch: Batch = request.batch
+        batch = request.batch
         if batch.done:
             return
         if status == Status.OK:

@@ -67,9 +67,6 @@ class Lanes:
         self._store_bytes = 0  # of the requests in the STORE lane
         self._shedding = False  # logged once per burst of shed stores
 
-    def __len__(self) -> int:
-        return self._waiting
-
     def admit(self, batch: Batch) -> bool:
         """Queue the batch's requests; False (nothing queued) when it must fail at once."""
         requests = list(split(batch))

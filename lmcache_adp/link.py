@@ -13,7 +13,6 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -41,6 +40,7 @@ from adp_wire.ring.layout import (
 )
 from adp_wire.ring.queue import check_host, completion_consumer, submission_producer
 from lmcache_adp import trust
+from lmcache_adp.batch import Batch
 from lmcache_adp.l1 import L1Map
 from lmcache_adp.lookups import LocalLookups
 from lmcache_adp.window import WindowAllocator
@@ -53,7 +53,7 @@ class Request:
     op: Op
     keys: list[str]
     first: int  # index in its batch of keys[0]
-    batch: Any  # the connector's batch this request belongs to
+    batch: Batch  # the LMCache call this request is part of
     data_bytes: int = 0
     payload: bytes = b""  # its keys, encoded for the slot's arena
     slot: int = -1

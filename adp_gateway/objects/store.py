@@ -77,10 +77,6 @@ class ObjectStore:
     def fragment_bytes(self) -> int:
         return self.card.value_bytes
 
-    def fragment_count(self, object_bytes: int) -> int:
-        """How many fragments (and checksums) an object of ``object_bytes`` is stored as."""
-        return fragmenter.count(object_bytes, self.fragment_bytes)
-
     def fragment_plan(self, tenant: str, key: str, object_bytes: int) -> list[fragmenter.Fragment]:
         """Where each fragment of this object goes."""
         return fragmenter.plan(

@@ -264,7 +264,6 @@ VALID_WELCOME: dict[str, Any] = {
     "arena_bytes": 2**16,
     "window_bytes": 2**20,
     "object_bytes_max": 2**20,
-    "fragment_bytes": 2**20,
     "l1_attached": 0,
     "presence_slots": 0,
 }
@@ -672,7 +671,7 @@ class Client:
             lambda s: None,
             Metrics(),
         )
-        _, fds = self.session.welcome(SESSION_LAYOUT.window_bytes)
+        _, fds = self.session.welcome()
         memfd = os.dup(fds[0])
         try:
             self.memory = memoryview(map_shared(memfd, SESSION_LAYOUT))

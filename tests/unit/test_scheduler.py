@@ -127,7 +127,7 @@ def test_a_task_past_its_deadline_is_handed_out_to_expire_at_once() -> None:
 
 
 def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None:
-    scheduler = Scheduler(10**9, store_inflight_bytes_max=100)
+    scheduler = Scheduler(10**9, store_inflight_max=100)
 
     def live(priority: Priority, size: int) -> Task:
         deadline_ns = time.monotonic_ns() + 60 * 10**9
@@ -150,7 +150,7 @@ def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None
 
 
 def test_while_a_load_runs_or_waits_only_one_store_writes() -> None:
-    scheduler = Scheduler(10**9, store_inflight_bytes_max=100)
+    scheduler = Scheduler(10**9, store_inflight_max=100)
     stores = [live_store(10) for _ in range(4)]
     for t in stores:
         assert scheduler.submit(t)
@@ -190,7 +190,7 @@ def live_store(size: int) -> Task:
 def test_a_store_waiting_for_its_sync_lets_the_next_store_write() -> None:
     """Once a store's writes have landed it may wait for its group commit, but its bytes no
     longer hold back the next store's writes; they are not given back twice either."""
-    scheduler = Scheduler(10**9, store_inflight_bytes_max=64)
+    scheduler = Scheduler(10**9, store_inflight_max=64)
     stores = [live_store(48) for _ in range(3)]
     for t in stores:
         assert scheduler.submit(t)

@@ -31,7 +31,7 @@ def session() -> Iterator[tuple[Session, Scheduler, memoryview]]:
     scheduler = Scheduler(10**9)  # no I/O threads: queued ops stay in flight
     ours, theirs = socket.socketpair()
     session = Session(1, ours, "t", "test", LAYOUT, store, scheduler, lambda s: None, Metrics())
-    _, fds = session.welcome(LAYOUT.window_bytes)
+    _, fds = session.welcome()
     client_memory = memoryview(map_shared(os.dup(fds[0]), LAYOUT))
     yield session, scheduler, client_memory
     session.close()
