@@ -28,7 +28,8 @@ class Batch:
     op: Op
     keys: list[str]
     buffers: list[memoryview] | None  # LMCache's L1 buffers (GET, SET)
-    deadline_ns: int  # CLOCK_MONOTONIC
+    timeout_s: float  # from the submit to the deadline
+    deadline_ns: int = field(init=False)  # CLOCK_MONOTONIC
     results: list[bool] = field(default_factory=list)
     remaining: int = 0  # requests not settled yet
     failed: bool = False
@@ -37,6 +38,7 @@ class Batch:
     touching: int = 0  # copies inside its L1 buffers now; under TOUCH_LOCK
 
     def __post_init__(self) -> None:
+        self.deadline_ns = time.monotonic_ns() + int(self.timeout_s * 1e9)
         if not self.results:
             self.results = [False] * len(self.keys)
 

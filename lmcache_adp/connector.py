@@ -29,7 +29,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 
 from tenacity import Retrying, retry_if_result, stop_when_event_set, wait_random_exponential
 
@@ -130,9 +129,8 @@ class ADPConnector:
                 self._shared.completions.push(future_id, True, "", found)
                 return future_id
         timeout_s = self._params.lookup_timeout_s if op == Op.EXISTS else self._params.op_timeout_s
-        deadline_ns = time.monotonic_ns() + int(timeout_s * 1e9)
         buffers = None if memviews is None else [m.cast("B") for m in memviews]
-        batch = Batch(future_id, op, keys, buffers, deadline_ns)
+        batch = Batch(future_id, op, keys, buffers, timeout_s)
         mark(Stage.SUBMIT, future_id)
         malformed = buffers is not None and len(buffers) != len(keys)
         if malformed or self._shared.stopping.is_set() or not self._shared.inbox.put(batch):

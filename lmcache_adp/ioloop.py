@@ -6,28 +6,27 @@ on the copier's threads, which hand their results back through ``Shared.call``. 
 never delays a completion, a lookup or LMCache's own threads. A zero-copy store is not read here
 at all: the gateway takes its checksums from L1, and the plugin sets the store's given-up word
 before it reports the store failed while the gateway may still be reading it.
-See lmcache_adp/connector.py for the contract with LMCache, and
-lmcache_adp/batch.py for how a batch is reported exactly once, on time, and never while one of
-its buffers is being copied.
+See lmcache_adp/connector.py for the contract with LMCache, and lmcache_adp/outcomes.py and
+batch.py for how a batch is reported exactly once, on time, and never while one of its buffers is
+being copied.
 
 One step: adopt a new link; admit new batches into their lanes and post what fits; take the
 gateway's completions; take the copiers' results; post what now fits; fail what is past its
 deadline. Posting goes lane by lane (lookups first, stores last), and the doorbell rings after
-the lookups and after the loads, so neither waits for the work of posting stores.
+each lane before the stores', so no lookup, load or delete waits for the work of posting stores.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import os
 import select
-import time
 from collections import deque
+from collections.abc import Callable
 
 from adp_wire.errors import GatewayError
-from adp_wire.protocol import Op, Status, given_up_span
-from adp_wire.ring.layout import PAGE_BYTES, Completion
+from adp_wire.protocol import Op, Status
+from adp_wire.ring.layout import Completion
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config
 from lmcache_adp.batch import Batch
@@ -35,6 +34,7 @@ from lmcache_adp.copier import Copier
 from lmcache_adp.lanes import Lane, Lanes, room
 from lmcache_adp.link import GatewayLink, Request
 from lmcache_adp.logs import log
+from lmcache_adp.outcomes import Outcomes
 from lmcache_adp.shared import Shared
 
 IDLE_POLL_MS = 200
@@ -45,8 +45,7 @@ class IOLoop:
         self._shared = shared
         self._link: GatewayLink | None = None
         self._lanes = Lanes(shared.params)
-        self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
-        self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
+        self._outcomes = Outcomes(shared.completions, self._give_up)
         self._copier = Copier(config.copy_threads(shared.params))
         self._preparing: deque[Request] = deque()  # stores being copied, in submission order
         self._posted = False  # submissions since the last doorbell
@@ -84,17 +83,9 @@ class IOLoop:
         if self._link is not None:
             poller.register(self._link.complete_fd, select.POLLIN)
             poller.register(self._link.sock_fd, select.POLLIN)
-        poller.poll(self._timeout_ms())
+        poller.poll(self._outcomes.ms_to_next_deadline(IDLE_POLL_MS))
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._shared.wake)
-
-    def _timeout_ms(self) -> int:
-        while self._deadlines and self._deadlines[0][2].done:
-            heapq.heappop(self._deadlines)
-        if not self._deadlines:
-            return IDLE_POLL_MS
-        until_ms = (self._deadlines[0][0] - time.monotonic_ns()) // 1_000_000 + 1
-        return max(0, min(IDLE_POLL_MS, until_ms))
 
     def _step(self) -> None:
         while self._shared.new_links:  # a newer link replaces ours without asking for another
@@ -111,10 +102,10 @@ class IOLoop:
         self._run_calls()
         if self._link is None:
             for request in self._lanes.drain():
-                self._settle(request, Status.FAILED)
+                self._outcomes.settle(request, Status.FAILED)
         else:
             self._post()
-        self._expire()
+        self._outcomes.expire()
         self._ring()
 
     def _ring(self) -> None:
@@ -130,12 +121,11 @@ class IOLoop:
         """New batches into their lanes; each goes to the gateway as soon as there is room,
         before the next is admitted, so only what truly waits counts against the bounds."""
         while (batch := self._shared.inbox.take()) is not None:
-            self._active[batch.future_id] = batch
-            heapq.heappush(self._deadlines, (batch.deadline_ns, batch.future_id, batch))
+            self._outcomes.track(batch)
             if not self._lanes.admit(batch):
-                self._conclude(batch, failed=True)
+                self._outcomes.conclude(batch, failed=True)
             elif batch.remaining == 0:
-                self._conclude(batch)  # every key too long for the protocol: all misses
+                self._outcomes.conclude(batch)  # every key too long for the protocol: all misses
             elif self._link is not None:
                 self._post()
 
@@ -153,10 +143,10 @@ class IOLoop:
                     continue
                 if request.data_bytes > link.welcome.object_bytes_max:
                     self._lanes.pop(lane)
-                    self._settle(request, Status.REJECTED)
+                    self._outcomes.settle(request, Status.REJECTED)
                     continue
                 if lane == Lane.STORE:
-                    request.l1_offset = zero_copy_offset(link, request)
+                    request.l1_offset = link.zero_copy_offset(request)
                 if not link.try_reserve(request, slots_max, window_bytes_max):
                     break
                 self._lanes.pop(lane)
@@ -184,21 +174,22 @@ class IOLoop:
             self._store_ready(request, True)
             return
         if not batch.begin_touch():
-            link.release(request)  # past its deadline: _expire reports it
+            link.release(request)  # past its deadline: expire() reports it
             return
         self._preparing.append(request)
         self._copier.copy(
             link.extent(request),
             batch.buffers[request.first],
-            lambda ok: self._touched(request, ok),
+            lambda ok: self._copied(request, ok, self._store_ready),
             wanted=batch.in_time,
         )
 
-    def _touched(self, request: Request, ok: bool) -> None:
-        """On a copier thread: the store's buffer is read; post it from the link's thread."""
+    def _copied(self, request: Request, ok: bool, then: Callable[[Request, bool], None]) -> None:
+        """On a copier thread: the copy from or into the batch's buffer has ended; go on with
+        ``then`` on the link's thread."""
         request.batch.end_touch()
         mark(Stage.COPIED, request.batch.future_id)
-        self._shared.call(lambda: self._store_ready(request, ok))
+        self._shared.call(lambda: then(request, ok))
 
     def _store_ready(self, request: Request, ok: bool) -> None:
         """Stores reach the gateway in the order they were submitted, however their copies
@@ -215,7 +206,7 @@ class IOLoop:
             self._send(link, request)
             return
         link.release(request)
-        self._settle(request, Status.FAILED)
+        self._outcomes.settle(request, Status.FAILED)
 
     # Completions from the gateway -------------------------------------------------------------
 
@@ -231,7 +222,7 @@ class IOLoop:
         )
         if batch.done or batch.due:  # reported, or to be once a copy ends: its keys stay False
             link.release(request)
-            self._settle(request, Status.FAILED)
+            self._outcomes.settle(request, Status.FAILED)
             return
         if status == Status.OK and request.op == Op.GET:
             self._load_into_l1(link, request)
@@ -241,81 +232,34 @@ class IOLoop:
             count = min(completion.result_bytes, len(request.keys))
             results = list(map((1).__eq__, bytes(link.arena(request)[:count])))
         link.release(request)
-        self._settle(request, status, results)
+        self._outcomes.settle(request, status, results)
 
     def _load_into_l1(self, link: GatewayLink, request: Request) -> None:
         """Copy a verified load from the window into LMCache's buffer, if still in time."""
         batch = request.batch
         assert batch.buffers is not None
         if not batch.begin_touch():
-            link.release(request)  # past its deadline: _expire reports it, without this key
+            link.release(request)  # past its deadline: expire() reports it, without this key
             return
-
-        def copied(ok: bool) -> None:  # on a copier thread
-            batch.end_touch()
-            self._shared.call(lambda: self._loaded(request, ok))
-
         self._copier.copy(
             batch.buffers[request.first],
             link.extent(request),
-            copied,
+            lambda ok: self._copied(request, ok, self._loaded),
             wanted=batch.in_time,
             urgent=True,  # LMCache waits for it: never behind the copies of stores
         )
 
     def _loaded(self, request: Request, ok: bool) -> None:
-        mark(Stage.COPIED, request.batch.future_id)
         assert request.link is not None
         request.link.release(request)
-        self._settle(request, Status.OK if ok else Status.FAILED)
+        self._outcomes.settle(request, Status.OK if ok else Status.FAILED)
 
-    # Outcomes --------------------------------------------------------------------------------
-
-    def _settle(self, request: Request, status: Status, results: list[bool] | None = None) -> None:
-        """Record a request's outcome in its batch; report the batch when it is the last one
-        (or when it was due and waited only for this)."""
-        batch = request.batch
-        if batch.done:
-            return
-        if status == Status.OK:
-            values = results if results is not None else [True] * len(request.keys)
-            batch.results[request.first : request.first + len(values)] = values
-        elif status != Status.MISS:
-            batch.failed = True
-        batch.remaining -= 1
-        if batch.remaining == 0 or batch.due:
-            self._conclude(batch)
-
-    def _conclude(self, batch: Batch, failed: bool = False) -> None:
-        """Report ``batch`` now, or as soon as no copy is inside its buffers; a zero-copy store
-        of it still at the gateway (only a failed batch has one) is given up first."""
-        batch.failed |= failed
-        if not batch.close():
-            return
-        del self._active[batch.future_id]
-        if batch.failed and batch.op == Op.SET and self._link is not None:
+    def _give_up(self, batch: Batch) -> None:
+        """Before a failed store is reported: give up its zero-copy requests at the gateway."""
+        if self._link is not None:
             for request in self._link.inflight.values():
                 if request.batch is batch:
                     self._link.give_up(request)
-        ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
-        error = "" if ok else f"{batch.op.name} failed for some keys"
-        self._shared.completions.push(batch.future_id, ok, error, batch.results)
-        mark(Stage.REPORT, batch.future_id)
-
-    def _expire(self) -> None:
-        now = time.monotonic_ns()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            batch = heapq.heappop(self._deadlines)[2]
-            if batch.done:
-                continue
-            params = self._shared.params
-            log.warning(
-                "%s of %d keys timed out after %.1f s",
-                batch.op.name,
-                len(batch.keys),
-                params.lookup_timeout_s if batch.op == Op.EXISTS else params.op_timeout_s,
-            )
-            self._conclude(batch, failed=True)
 
     def _drop_link(self, reconnect: bool = True) -> None:
         """Fail what is in flight on the current link and close it; by default ask for a new
@@ -327,7 +271,7 @@ class IOLoop:
         for request in list(link.inflight.values()):
             link.give_up(request)  # before the batch can be reported
             link.release(request)
-            self._settle(request, Status.FAILED)
+            self._outcomes.settle(request, Status.FAILED)
         link.inflight.clear()
         link.close()
         if reconnect:
@@ -336,21 +280,5 @@ class IOLoop:
     def _fail_everything(self) -> None:
         self._drop_link(reconnect=not self._shared.stopping.is_set())
         for request in self._lanes.drain():
-            self._settle(request, Status.FAILED)
-        for batch in list(self._active.values()):
-            self._conclude(batch, failed=True)
-
-
-def zero_copy_offset(link: GatewayLink, request: Request) -> int | None:
-    """The L1 offset of a store's buffer when it can be written straight from L1 on this link,
-    else None (the copy path). Only objects of whole pages qualify, so no byte of L1 beyond the
-    object ever reaches the disk; and the given-up word must fit the slot's arena."""
-    segment, buffers = link.l1, request.batch.buffers
-    if segment is None or buffers is None:
-        return None
-    buffer = buffers[request.first]
-    if buffer.nbytes % PAGE_BYTES:
-        return None
-    if given_up_span(len(request.payload)).stop > link.welcome.arena_bytes:
-        return None
-    return segment.offset_of(buffer)
+            self._outcomes.settle(request, Status.FAILED)
+        self._outcomes.fail_all()

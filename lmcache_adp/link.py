@@ -32,6 +32,7 @@ from adp_wire.protocol import (
 from adp_wire.ring.layout import (
     FLAG_L1,
     LOOKUPS,
+    PAGE_BYTES,
     Completion,
     RingLayout,
     Submission,
@@ -186,6 +187,20 @@ class GatewayLink:
         self._held_slots[op] += 1
         self._held_bytes[op] += data_bytes
         return True
+
+    def zero_copy_offset(self, request: Request) -> int | None:
+        """The L1 offset of a store's buffer when the gateway can write it straight from L1,
+        else None (the copy path). Only objects of whole pages qualify, so no byte of L1 beyond
+        the object ever reaches the disk; and the given-up word must fit the slot's arena."""
+        buffers = request.batch.buffers
+        if self.l1 is None or buffers is None:
+            return None
+        buffer = buffers[request.first]
+        if buffer.nbytes % PAGE_BYTES:
+            return None
+        if given_up_span(len(request.payload)).stop > self.welcome.arena_bytes:
+            return None
+        return self.l1.offset_of(buffer)
 
     def extent(self, request: Request) -> memoryview:
         return self.window[request.data_offset : request.data_offset + request.data_bytes]

@@ -1,0 +1,90 @@
+"""LMCache's batches from admission to their one report, and their deadlines.
+
+A batch is reported when its last request settles, at its deadline (failed), or when the plugin
+fails everything; never while a copy is inside one of its buffers, but as soon as that copy ends
+(lmcache_adp/batch.py). Before a failed store is reported, its zero-copy requests still at the
+gateway are given up (``give_up``), since LMCache may rewrite the buffers from then on.
+
+Used by the thread that drives the link only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+
+from adp_wire.protocol import Op, Status
+from adp_wire.trace import Stage, mark
+from lmcache_adp.batch import Batch
+from lmcache_adp.completions import CompletionQueue
+from lmcache_adp.link import Request
+from lmcache_adp.logs import log
+
+
+class Outcomes:
+    def __init__(self, completions: CompletionQueue, give_up: Callable[[Batch], None]) -> None:
+        self._completions = completions
+        self._give_up = give_up
+        self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
+        self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
+
+    def track(self, batch: Batch) -> None:
+        self._active[batch.future_id] = batch
+        heapq.heappush(self._deadlines, (batch.deadline_ns, batch.future_id, batch))
+
+    def ms_to_next_deadline(self, longest_ms: int) -> int:
+        """How long the link's thread may sleep before a batch is due: at most ``longest_ms``."""
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        if not self._deadlines:
+            return longest_ms
+        until_ms = (self._deadlines[0][0] - time.monotonic_ns()) // 1_000_000 + 1
+        return max(0, min(longest_ms, until_ms))
+
+    def settle(self, request: Request, status: Status, results: list[bool] | None = None) -> None:
+        """Record a request's outcome in its batch; report the batch when it is the last one
+        (or when it was due and waited only for this)."""
+        batch = request.batch
+        if batch.done:
+            return
+        if status == Status.OK:
+            values = results if results is not None else [True] * len(request.keys)
+            batch.results[request.first : request.first + len(values)] = values
+        elif status != Status.MISS:
+            batch.failed = True
+        batch.remaining -= 1
+        if batch.remaining == 0 or batch.due:
+            self.conclude(batch)
+
+    def conclude(self, batch: Batch, failed: bool = False) -> None:
+        """Report ``batch`` now, or as soon as no copy is inside its buffers."""
+        batch.failed |= failed
+        if not batch.close():
+            return
+        del self._active[batch.future_id]
+        if batch.failed and batch.op == Op.SET:
+            self._give_up(batch)
+        ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
+        error = "" if ok else f"{batch.op.name} failed for some keys"
+        self._completions.push(batch.future_id, ok, error, batch.results)
+        mark(Stage.REPORT, batch.future_id)
+
+    def expire(self) -> None:
+        """Fail every batch past its deadline."""
+        now = time.monotonic_ns()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            batch = heapq.heappop(self._deadlines)[2]
+            if batch.done:
+                continue
+            log.warning(
+                "%s of %d keys timed out after %.1f s",
+                batch.op.name,
+                len(batch.keys),
+                batch.timeout_s,
+            )
+            self.conclude(batch, failed=True)
+
+    def fail_all(self) -> None:
+        for batch in list(self._active.values()):
+            self.conclude(batch, failed=True)
