@@ -1,4 +1,5 @@
-"""A client's L1 segment, mapped read-only by the gateway for zero-copy stores.
+"""A client's L1 segment, mapped read-only by the gateway for zero-copy stores, and the gate
+that holds the session open while the kernel reads it (``L1Readers``).
 
 ``lmcache server --shm-name NAME`` keeps LMCache's L1 in the shared-memory file
 ``/dev/shm/lmcache_l1_pool_NAME``. The plugin sends a read-only fd of that file with its hello;
@@ -12,10 +13,12 @@ segment gets a failed store (EFAULT, or a short read), not a gateway killed by S
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
 import threading
+from collections.abc import Iterator
 
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_wire.checksum import Checksum
@@ -81,3 +84,41 @@ class L1Segment:
         if chunk is None:
             chunk = self._chunks.buffer = memoryview(mmap.mmap(-1, CHECKSUM_CHUNK_BYTES))
         return chunk
+
+
+class L1Readers:
+    """Counts zero-copy stores in while the kernel reads their L1 pages; once closed, none
+    starts, and ``close`` returns when the last one inside has left. A session closes its
+    readers before its socket, so a client that sees EOF knows the gateway has let go of its
+    L1 (docs/design.md, "Zero-copy stores")."""
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._inside = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[bool]:
+        """Yield False (do not start) once closing: the client may already see EOF."""
+        with self._idle:
+            closed = self._closed
+            self._inside += not closed
+        if closed:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._idle:
+                self._inside -= 1
+                self._idle.notify_all()
+
+    @property
+    def closing(self) -> bool:
+        """The session is closing: its client is gone, or going."""
+        return self._closed
+
+    def close(self) -> None:
+        with self._idle:
+            self._closed = True
+            self._idle.wait_for(lambda: self._inside == 0)

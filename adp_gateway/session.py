@@ -9,10 +9,9 @@ the I/O threads run its loads, stores and deletes (work.py) and call ``complete`
 stays alive until the last I/O thread has released its views of it, so a dead client never pulls
 memory out from under an in-flight read or write.
 
-Zero-copy stores (``FLAG_L1``) read the client's L1 pages, through the kernel only (``pwritev``),
-inside the session's ``L1Readers``; the session closes its socket only once no store is inside,
-so a client that sees EOF knows the gateway has let go of its L1 (docs/design.md, "Zero-copy
-stores"). The gateway never writes L1: every load lands in the window.
+Zero-copy stores (``FLAG_L1``) read the client's L1 pages, through the kernel only, inside the
+session's ``L1Readers`` (adp_gateway/l1.py), which it closes before its socket. The gateway never
+writes L1: every load lands in the window.
 """
 
 from __future__ import annotations
@@ -25,20 +24,21 @@ import select
 import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 
 from adp_gateway.errors import ProtocolError
 from adp_gateway.extents import L1Object, given_up_word, l1_pages, window_range
-from adp_gateway.l1 import L1Segment
+from adp_gateway.l1 import L1Readers, L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
 from adp_gateway.objects.store import ObjectStore
 from adp_gateway.presence import Presence
 from adp_gateway.scheduler import Scheduler
-from adp_gateway.work import L1Readers, SessionWork, results
+from adp_gateway.summary import Summary
+from adp_gateway.work import SessionWork, results
 from adp_wire.protocol import (
     GIVEN_UP_BYTES,
     KEYS_PER_REQUEST_MAX,
@@ -57,11 +57,9 @@ from adp_wire.ring.layout import (
 )
 from adp_wire.ring.queue import completion_producer, submission_consumer
 from adp_wire.trace import Stage, mark
-from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
 _CLEAR = bytes(GIVEN_UP_BYTES)  # a zero-copy store's given-up word while the client wants it
-_SHED = {Status.REJECTED: "refused", Status.EXPIRED: "expired", Status.FAILED: "failed"}
 
 
 class Session:
@@ -95,7 +93,6 @@ class Session:
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
         self._lookups = np.frombuffer(self._memory, np.uint64, 2, LOOKUPS)  # the client's counts
-        self._lookups_folded = (0, 0)
         self._l1 = l1
         self._l1_readers = L1Readers()
         self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -107,7 +104,7 @@ class Session:
         self._metrics = metrics
         self._lock = threading.Lock()
         self._closed = False
-        self._counts: Counter[str] = Counter()  # under _lock; logged when the session ends
+        self._summary = Summary()  # logged when the session ends
         self._work = SessionWork(
             session_id,
             tenant,
@@ -115,6 +112,7 @@ class Session:
             store,
             scheduler,
             metrics,
+            self._summary,
             self.complete,
             self._l1_readers,
         )
@@ -160,14 +158,9 @@ class Session:
         """Count the lookups the client answered from the presence table since the last call
         (it counts them in the shared memory). Counts that make no sense are not counted."""
         keys, found = (int(count) for count in self._lookups)
-        with self._lock:
-            last_keys, last_found = self._lookups_folded
-            self._lookups_folded = keys, found
-            new_keys, new_found = keys - last_keys, found - last_found
-            if not new_keys or not 0 <= new_found <= new_keys:
-                return
-            self._counts.update(keys_looked_up=new_keys, keys_found=new_found)
-        self._metrics.looked_up(self.tenant, new_keys, new_found)
+        new = self._summary.fold_lookups(keys, found)
+        if new is not None:
+            self._metrics.looked_up(self.tenant, *new)
 
     def close(self, started: bool = True) -> None:
         """Free everything the session holds; ``started=False`` for one whose handshake
@@ -188,9 +181,8 @@ class Session:
         os.close(self._submitted)
         with self._lock:
             os.close(self._completed)
-            counts = dict(self._counts)
         if started:
-            log.info("%s closed: %s", self.name, _describe(counts))
+            log.info("%s closed: %s", self.name, self._summary.describe())
         # Dropping the work breaks the cycle self -> work -> self.complete, so the mapping is
         # freed as soon as the last queued task lets go of it, not at the collector's next pass.
         del self._work
@@ -217,21 +209,16 @@ class Session:
         result_bytes: int = 0,
         data_bytes: int = 0,
         hits: int = 1,
-        counted: dict[str, int] | None = None,
     ) -> None:
-        """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes);
-        ``counted`` adds to the session's summary under the same lock. Dropped silently once
-        the session is closed."""
+        """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes).
+        Dropped silently once the session is closed."""
         completion = Completion(
             submission.op_id, submission.slot, status, 0, 0, result_bytes, 0, data_bytes
         )
         with self._lock:
             if self._closed:
                 return
-            if status in _SHED:
-                self._counts[_SHED[status]] += 1
-            if counted:
-                self._counts.update(counted)
+            self._summary.ended(status)
             arrived, keys = self._inflight.pop(submission.slot, (time.monotonic(), 1))
             self._backlog.append(completion)
             try:
@@ -246,10 +233,6 @@ class Session:
         self._metrics.completed(
             Op(submission.op), self.tenant, status, keys, hits, time.monotonic() - arrived
         )
-
-    def _count(self, **increments: int) -> None:
-        with self._lock:
-            self._counts.update(increments)
 
     def _client_alive(self) -> bool:
         try:
@@ -284,8 +267,8 @@ class Session:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
             found = self._store.exists(self.tenant, keys)
-            counted = {"keys_looked_up": len(keys), "keys_found": sum(found)}
-            self.complete(submission, *results(arena, found, counted))
+            self._summary.looked_up(len(keys), sum(found))
+            self.complete(submission, *results(arena, found))
         elif op == Op.DELETE:
             self._work.delete(submission, keys, arena)
         else:
@@ -315,7 +298,7 @@ class Session:
         zero_copy = bool(submission.flags & FLAG_L1)
         if zero_copy:
             extent = l1_pages(self._l1, self.object_bytes_max, submission)
-            self._count(zero_copy=1)
+            self._summary.zero_copy()
         else:
             extent = window_range(self._window, submission)
 
@@ -334,18 +317,6 @@ class Session:
         """Whether the client gave a zero-copy store up (its word set), or is going: from
         then on LMCache may rewrite the buffer (adp_wire/protocol.py, ``given_up_span``)."""
         return word != _CLEAR or self._l1_readers.closing or _hung_up(self._sock)
-
-
-def _describe(counts: dict[str, int]) -> str:
-    """One log line of a session's work, e.g. "8 loads (8 hits, 32.0 MiB), 8 stores (...)"."""
-    return (
-        f"{counts.get('loads', 0)} loads ({counts.get('load_hits', 0)} hits, "
-        f"{format_size(counts.get('bytes_loaded', 0))}), {counts.get('stores', 0)} stores "
-        f"({format_size(counts.get('bytes_stored', 0))}), {counts.get('keys_looked_up', 0)} keys "
-        f"looked up ({counts.get('keys_found', 0)} found), {counts.get('zero_copy', 0)} "
-        f"of the stores zero-copy; {counts.get('refused', 0)} ops refused (backlog "
-        f"over its bound), {counts.get('expired', 0)} expired, {counts.get('failed', 0)} failed"
-    )
 
 
 def _reset(eventfd: int) -> None:

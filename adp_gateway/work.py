@@ -1,39 +1,35 @@
 """A session's work for the I/O threads: its stores, deletes and groups of loads, each a scheduler
 task that ends by completing its ops (``Complete``, the session's ``complete``), whatever happens:
 done, missed, failed on a storage error, expired before it started, or refused or cancelled by
-the scheduler.
-
-Zero-copy stores read the client's L1 pages (through the kernel only) inside the session's
-``L1Readers``, which the session closes before it closes its socket: a client that sees EOF knows
-the gateway has let go of its L1 (docs/design.md, "Zero-copy stores").
+the scheduler. A zero-copy store runs inside the session's ``L1Readers`` (adp_gateway/l1.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 from adp_gateway.errors import StorageError, StoreGivenUp
 from adp_gateway.extents import L1Object
+from adp_gateway.l1 import L1Readers
 from adp_gateway.loads import Load
 from adp_gateway.metrics import Metrics
 from adp_gateway.objects.store import ObjectStore
 from adp_gateway.scheduler import Priority, Scheduler, Task
+from adp_gateway.summary import Summary
 from adp_wire.protocol import Op, Status
 from adp_wire.ring.layout import Submission
 from adp_wire.trace import Stage, mark
 
 log = logging.getLogger(__name__)
 _PRIORITY = {Op.GET: Priority.LOAD, Op.SET: Priority.STORE, Op.DELETE: Priority.DELETE}
-# What an op's work reports: status, per-key result bytes in the arena, the object's length, how
-# many of its keys were found (a hit, a store done, a key deleted), and its summary counts.
-Outcome = tuple[Status, int, int, int, dict[str, int] | None]
-_EXPIRED: Outcome = (Status.EXPIRED, 0, 0, 0, None)
-_FAILED: Outcome = (Status.FAILED, 0, 0, 0, None)
+# What an op's work reports: status, per-key result bytes in the arena, the object's length, and
+# how many of its keys were found (a hit, a store done, a key deleted).
+Outcome = tuple[Status, int, int, int]
+_EXPIRED: Outcome = (Status.EXPIRED, 0, 0, 0)
+_FAILED: Outcome = (Status.FAILED, 0, 0, 0)
 
 
 class Complete(Protocol):
@@ -44,44 +40,7 @@ class Complete(Protocol):
         result_bytes: int = 0,
         data_bytes: int = 0,
         hits: int = 1,
-        counted: dict[str, int] | None = None,
     ) -> None: ...
-
-
-class L1Readers:
-    """Counts zero-copy stores in while the kernel reads their L1 pages; once closed, none
-    starts, and ``close`` returns when the last one inside has left."""
-
-    def __init__(self) -> None:
-        self._idle = threading.Condition()
-        self._inside = 0
-        self._closed = False
-
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[bool]:
-        """Yield False (do not start) once closing: the client may already see EOF."""
-        with self._idle:
-            closed = self._closed
-            self._inside += not closed
-        if closed:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with self._idle:
-                self._inside -= 1
-                self._idle.notify_all()
-
-    @property
-    def closing(self) -> bool:
-        """The session is closing: its client is gone, or going."""
-        return self._closed
-
-    def close(self) -> None:
-        with self._idle:
-            self._closed = True
-            self._idle.wait_for(lambda: self._inside == 0)
 
 
 class SessionWork:
@@ -93,6 +52,7 @@ class SessionWork:
         store: ObjectStore,
         scheduler: Scheduler,
         metrics: Metrics,
+        summary: Summary,
         complete: Complete,
         l1_readers: L1Readers,
     ) -> None:
@@ -102,6 +62,7 @@ class SessionWork:
         self._store = store
         self._scheduler = scheduler
         self._metrics = metrics
+        self._summary = summary
         self._complete = complete
         self._l1_readers = l1_readers
 
@@ -118,7 +79,8 @@ class SessionWork:
         def put() -> Outcome:
             self._store.put(self._tenant, key, extent, length, l1)
             self._metrics.moved("written", self._tenant, length)
-            return Status.OK, 0, 0, 1, {"stores": 1, "bytes_stored": length}
+            self._summary.stored(length)
+            return Status.OK, 0, 0, 1
 
         databases = self._store.databases_to_store(self._tenant, key, length)
         self._queue(submission, length, put, databases, reads_l1=l1 is not None)
@@ -156,9 +118,9 @@ class SessionWork:
                 size = load.object_bytes
                 if hit:
                     self._metrics.moved("read", self._tenant, size)
-                counted = {"loads": 1, "load_hits": int(hit), "bytes_loaded": size * hit}
+                self._summary.loaded(size, hit)
                 status = Status.OK if hit else Status.MISS
-                self._complete(load.submission, status, 0, size, int(hit), counted)
+                self._complete(load.submission, status, 0, size, int(hit))
 
         def cancel(status: Status) -> None:
             for load in group:
@@ -217,7 +179,7 @@ class SessionWork:
             return _FAILED
 
 
-def results(arena: memoryview, found: list[bool], counted: dict[str, int] | None = None) -> Outcome:
+def results(arena: memoryview, found: list[bool]) -> Outcome:
     """Per-key results written to the slot's arena, as an OK outcome."""
     arena[: len(found)] = bytes(found)
-    return Status.OK, len(found), 0, sum(found), counted
+    return Status.OK, len(found), 0, sum(found)

@@ -26,6 +26,7 @@ GATEWAY_LAYERS = [
         "adp_gateway.l1",
         "adp_gateway.hugepages",
         "adp_gateway.priority",
+        "adp_gateway.summary",
         "adp_gateway.objects.names",
     },
     {
