@@ -47,6 +47,7 @@ from adp_wire.protocol import (
     Welcome,
     decode_keys,
 )
+from adp_wire.ring import doorbell
 from adp_wire.ring.layout import (
     FLAG_L1,
     LOOKUPS,
@@ -95,8 +96,8 @@ class Session:
         self._lookups = np.frombuffer(self._memory, np.uint64, 2, LOOKUPS)  # the client's counts
         self._l1 = l1
         self._l1_readers = L1Readers()
-        self._submitted = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._completed = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._submit_doorbell = doorbell.new()
+        self._complete_doorbell = doorbell.new()
         self._submissions = submission_consumer(self._memory, layout)
         self._completions = completion_producer(self._memory, layout)
         self._backlog: deque[Completion] = deque()  # completions waiting for room in the CQ
@@ -132,13 +133,13 @@ class Session:
             int(self._l1 is not None),
             self._presence_slots,
         )
-        fds = [self._memfd, self._submitted, self._completed]
+        fds = [self._memfd, self._submit_doorbell, self._complete_doorbell]
         return welcome, [*fds, self._presence_fd] if self._presence_slots else fds
 
     def run(self) -> None:
         self._close_memfd()  # the client holds its own copy now; the mapping keeps ours alive
         poller = select.poll()
-        poller.register(self._submitted, select.POLLIN)
+        poller.register(self._submit_doorbell, select.POLLIN)
         poller.register(self._sock, select.POLLIN)
         try:
             while not self._closed:
@@ -146,8 +147,8 @@ class Session:
                 if self._sock.fileno() in events and not self._client_alive():
                     log.info("%s: client disconnected", self.name)
                     break
-                if self._submitted in events:
-                    _reset(self._submitted)
+                if self._submit_doorbell in events:
+                    doorbell.answer(self._submit_doorbell)
                     self.dispatch(self._submissions.pop_all())
         except ProtocolError as exc:
             log.error("%s: %s; dropping the session", self.name, exc)
@@ -178,9 +179,9 @@ class Session:
         if self._l1 is not None:
             self._l1.close()
         self._sock.close()
-        os.close(self._submitted)
+        os.close(self._submit_doorbell)
         with self._lock:
-            os.close(self._completed)
+            os.close(self._complete_doorbell)
         if started:
             log.info("%s closed: %s", self.name, self._summary.describe())
         # Dropping the work breaks the cycle self -> work -> self.complete, so the mapping is
@@ -228,7 +229,7 @@ class Session:
                 log.error("%s: %s; dropping the session", self.name, exc)
                 self.stop()  # run() wakes up and closes the session
                 return
-            os.eventfd_write(self._completed, 1)
+            doorbell.ring(self._complete_doorbell)
         mark(Stage.COMPLETE, submission.op_id)
         self._metrics.completed(
             Op(submission.op), self.tenant, status, keys, hits, time.monotonic() - arrived
@@ -317,11 +318,6 @@ class Session:
         """Whether the client gave a zero-copy store up (its word set), or is going: from
         then on LMCache may rewrite the buffer (adp_wire/protocol.py, ``given_up_span``)."""
         return word != _CLEAR or self._l1_readers.closing or _hung_up(self._sock)
-
-
-def _reset(eventfd: int) -> None:
-    with contextlib.suppress(BlockingIOError):
-        os.eventfd_read(eventfd)
 
 
 def _hung_up(sock: socket.socket) -> bool:

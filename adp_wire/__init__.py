@@ -6,6 +6,7 @@ one side writes and the other reads is defined once, here. docs/ring-format.md d
 - ``protocol``: the handshake frames, op codes, statuses, request payloads, the socket default
 - ``ring.layout``: one session's shared memory: header, queue entries, arenas, window
 - ``ring.queue``: the single-producer single-consumer queues over it, and ``check_host``
+- ``ring.doorbell``: the eventfds by which each side wakes the other
 - ``tokens``: the tenant token file both sides read
 - ``errors``: the exception tree both sides raise
 - ``checksum``: the one checksum of records on disk, which tools and tests recompute

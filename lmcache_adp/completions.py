@@ -8,16 +8,17 @@ Every tuple is built here, so the shape LMCache requires is enforced in one plac
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
+
+from adp_wire.ring import doorbell
 
 Completion = tuple[int, bool, str, list[bool] | None]
 
 
 class CompletionQueue:
     def __init__(self) -> None:
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.fd = doorbell.new()
         self._lock = threading.Lock()
         self._items: list[Completion] = []
 
@@ -26,14 +27,13 @@ class CompletionQueue:
         with self._lock:
             self._items.append(item)
             if self.fd >= 0:
-                os.eventfd_write(self.fd, 1)
+                doorbell.ring(self.fd)
 
     def drain(self) -> list[Completion]:
         """Every completion queued so far; after ``close``, those reported while closing."""
         with self._lock:
             if self.fd >= 0:
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self.fd)
+                doorbell.answer(self.fd)
             items, self._items = self._items, []
         return items
 

@@ -18,14 +18,13 @@ each lane before the stores', so no lookup, load or delete waits for the work of
 
 from __future__ import annotations
 
-import contextlib
-import os
 import select
 from collections import deque
 from collections.abc import Callable
 
 from adp_wire.errors import GatewayError
 from adp_wire.protocol import Op, Status
+from adp_wire.ring import doorbell
 from adp_wire.ring.layout import Completion
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config
@@ -81,11 +80,10 @@ class IOLoop:
         poller = select.poll()
         poller.register(self._shared.wake, select.POLLIN)
         if self._link is not None:
-            poller.register(self._link.complete_fd, select.POLLIN)
+            poller.register(self._link.complete_doorbell, select.POLLIN)
             poller.register(self._link.sock_fd, select.POLLIN)
         poller.poll(self._outcomes.ms_to_next_deadline(IDLE_POLL_MS))
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._shared.wake)
+        doorbell.answer(self._shared.wake)
 
     def _step(self) -> None:
         while self._shared.new_links:  # a newer link replaces ours without asking for another

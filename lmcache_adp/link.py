@@ -29,6 +29,7 @@ from adp_wire.protocol import (
     recv_frame,
     send_frame,
 )
+from adp_wire.ring import doorbell
 from adp_wire.ring.layout import (
     FLAG_L1,
     LOOKUPS,
@@ -68,7 +69,7 @@ class GatewayLink:
     def __init__(self, sock: socket.socket, welcome: Welcome, fds: list[int]) -> None:
         """Takes over ``fds`` (memfd, submit and complete doorbells, and the presence table's
         when the welcome has one); closes them if it fails."""
-        memfd, self.submit_fd, self.complete_fd = fds[:3]
+        memfd, self.submit_doorbell, self.complete_doorbell = fds[:3]
         self.welcome = welcome
         self._sock = sock
         self.lookups: LocalLookups | None = None  # answers EXISTS without the gateway
@@ -87,8 +88,8 @@ class GatewayLink:
                 counts = np.frombuffer(self.memory, np.uint64, 2, LOOKUPS)
                 self.lookups = LocalLookups(view, counts)
         except BaseException as exc:  # a welcome that maps badly: whatever it was, not ours
-            os.close(self.submit_fd)
-            os.close(self.complete_fd)
+            os.close(self.submit_doorbell)
+            os.close(self.complete_doorbell)
             if isinstance(exc, Exception) and not isinstance(exc, ProtocolError):
                 raise ProtocolError(f"the gateway's shared memory does not map: {exc}") from exc
             raise
@@ -233,11 +234,10 @@ class GatewayLink:
         self.inflight[op_id] = request
 
     def ring(self) -> None:
-        os.eventfd_write(self.submit_fd, 1)
+        doorbell.ring(self.submit_doorbell)
 
     def completions(self) -> list[tuple[Completion, Request]]:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.complete_fd)
+        doorbell.answer(self.complete_doorbell)
         out = []
         for completion in self._completions.pop_all():
             request = self.inflight.pop(completion.op_id, None)
@@ -281,5 +281,5 @@ class GatewayLink:
 
     def close(self) -> None:
         self._sock.close()
-        os.close(self.submit_fd)
-        os.close(self.complete_fd)
+        os.close(self.submit_doorbell)
+        os.close(self.complete_doorbell)

@@ -9,12 +9,12 @@ links. Only the link's thread touches the link itself (lmcache_adp/ioloop.py).
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from adp_wire.ring import doorbell
 from lmcache_adp import config
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
@@ -51,7 +51,7 @@ class Shared:
 
     params: config.ADPParams
     completions: CompletionQueue = field(default_factory=CompletionQueue)
-    wake: int = field(default_factory=lambda: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+    wake: int = field(default_factory=doorbell.new)  # the link's thread's doorbell
     inbox: Inbox = field(default_factory=Inbox)  # submits -> the link's thread
     calls: deque[Callable[[], None]] = field(default_factory=deque)  # copiers -> the link's thread
     new_links: deque[GatewayLink] = field(default_factory=deque)  # connect -> the link's thread
@@ -61,7 +61,7 @@ class Shared:
     lookups: LocalLookups | None = None  # the current link's; the link's thread sets it
 
     def wake_io(self) -> None:
-        os.eventfd_write(self.wake, 1)
+        doorbell.ring(self.wake)
 
     def call(self, function: Callable[[], None]) -> None:
         """Run ``function`` on the link's thread at its next step (from any thread)."""

@@ -25,7 +25,7 @@ def leak_fds() -> None:
 
     def close_leaving_an_eventfd_open(self: session.Session) -> None:
         if not self._closed:
-            _kept.append(os.dup(self._submitted))
+            _kept.append(os.dup(self._submit_doorbell))
         close(self)
 
     session.Session.close = close_leaving_an_eventfd_open  # type: ignore[method-assign]
