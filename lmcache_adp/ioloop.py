@@ -63,8 +63,12 @@ class IOLoop:
 
     def shutdown(self) -> None:
         """After ``run`` has returned: let the copies end, report every batch (failed unless
-        done), and close the link once the gateway has let go of our L1 (up to one op
-        timeout: it only ever reads L1, so a hung gateway cannot harm it)."""
+        done, and those it never took from the inbox), and close the link once the gateway has
+        let go of our L1 (up to one op timeout: it only ever reads L1, so a hung gateway
+        cannot harm it)."""
+        for batch in self._shared.inbox.close():
+            self._outcomes.track(batch)
+            self._outcomes.conclude(batch, failed=True)
         self._copier.close()
         self._run_calls()
         link = self._link

@@ -31,11 +31,12 @@ class Inbox:
         self._items: deque[Batch] = deque()
         self._capacity = capacity
         self._lock = threading.Lock()
+        self._closed = False
 
     def put(self, batch: Batch) -> bool:
-        """False, and nothing queued, when the inbox is full."""
+        """False, and nothing queued, when the inbox is full or closed."""
         with self._lock:
-            if len(self._items) >= self._capacity:
+            if self._closed or len(self._items) >= self._capacity:
                 return False
             self._items.append(batch)
             return True
@@ -43,6 +44,14 @@ class Inbox:
     def take(self) -> Batch | None:
         with self._lock:
             return self._items.popleft() if self._items else None
+
+    def close(self) -> list[Batch]:
+        """Refuse every later batch; return those still queued. A submit that raced the
+        plugin's close is thus either refused at once or handed back here, never left behind."""
+        with self._lock:
+            self._closed = True
+            items, self._items = list(self._items), deque()
+        return items
 
 
 @dataclass

@@ -20,10 +20,12 @@ from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op
 from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
+from lmcache_adp.config import ADPParams
 from lmcache_adp.copier import Copier
+from lmcache_adp.ioloop import IOLoop
 from lmcache_adp.l1 import L1Map
 from lmcache_adp.lanes import RUN_BYTES_MAX, split
-from lmcache_adp.shared import Inbox
+from lmcache_adp.shared import Inbox, Shared
 from lmcache_adp.window import WindowAllocator
 from lmcache_adp.workers import Workers
 
@@ -181,3 +183,28 @@ def test_a_buffer_in_l1_is_found_at_its_offset_whether_writable_or_not() -> None
     assert l1.offset_of(elsewhere) is None
     shifted = L1Map("/dev/shm/unused", start + PAGE_BYTES, 2 * PAGE_BYTES)  # ends inside `inside`
     assert shifted.offset_of(inside) is None
+
+
+def test_a_closed_inbox_refuses_batches_and_hands_back_the_queued_ones() -> None:
+    inbox = Inbox()
+    batches = [Batch(i, Op.EXISTS, ["k"], None, 0) for i in range(3)]
+    assert inbox.put(batches[0]) and inbox.put(batches[1])
+    assert inbox.close() == batches[:2]
+    assert not inbox.put(batches[2])
+    assert inbox.take() is None and inbox.close() == []
+
+
+def test_shutdown_reports_the_batches_the_loop_never_took() -> None:
+    """A submit whose batch is still in the inbox when the link's thread stops (it checks
+    ``stopping`` between steps) is reported failed by the shutdown, never left unreported."""
+    shared = Shared(ADPParams())
+    loop = IOLoop(shared)
+    batches = [Batch(i, Op.SET, [f"k{i}"], [memoryview(bytearray(8))], 60) for i in range(3)]
+    assert all(shared.inbox.put(batch) for batch in batches)
+    shared.stopping.set()
+    loop.shutdown()
+    reported = shared.completions.drain()
+    assert sorted((future, ok) for future, ok, _, _ in reported) == [(i, False) for i in range(3)]
+    assert not shared.inbox.put(Batch(3, Op.EXISTS, ["k"], None, 60))
+    shared.completions.close()
+    os.close(shared.wake)
