@@ -262,8 +262,7 @@ class Session:
         op = self._check(submission)
         arena = self._layout.arena(self._memory, submission.slot)
         keys = decode_keys(bytes(arena[: submission.request_bytes]), KEYS_PER_REQUEST_MAX)
-        with self._lock:
-            self._inflight[submission.slot] = self._inflight[submission.slot][0], len(keys)
+        self._claim(submission.slot, len(keys))
         if time.monotonic_ns() > submission.deadline_ns:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
@@ -284,11 +283,15 @@ class Session:
             raise ProtocolError(f"slot {submission.slot} is out of range")
         if submission.request_bytes > self._layout.arena_bytes:
             raise ProtocolError(f"request of {submission.request_bytes} bytes overflows its arena")
-        with self._lock:
-            if submission.slot in self._inflight:
-                raise ProtocolError(f"slot {submission.slot} reused while its op is in flight")
-            self._inflight[submission.slot] = time.monotonic(), 1
         return Op(submission.op)
+
+    def _claim(self, slot: int, keys: int) -> None:
+        """Hold ``slot`` for its op until it completes (its arrival and keys are for the
+        metrics); a slot the client reuses before that is a protocol error."""
+        with self._lock:
+            if slot in self._inflight:
+                raise ProtocolError(f"slot {slot} reused while its op is in flight")
+            self._inflight[slot] = time.monotonic(), keys
 
     def _queue_data_op(
         self, op: Op, submission: Submission, keys: list[str], arena: memoryview, wanted: list[Load]
