@@ -283,14 +283,15 @@ class Session:
             raise ProtocolError(f"slot {submission.slot} is out of range")
         if submission.request_bytes > self._layout.arena_bytes:
             raise ProtocolError(f"request of {submission.request_bytes} bytes overflows its arena")
+        with self._lock:
+            if submission.slot in self._inflight:  # before its arena is read
+                raise ProtocolError(f"slot {submission.slot} reused while its op is in flight")
         return Op(submission.op)
 
     def _claim(self, slot: int, keys: int) -> None:
         """Hold ``slot`` for its op until it completes (its arrival and keys are for the
-        metrics); a slot the client reuses before that is a protocol error."""
+        metrics). Only this session's thread claims slots, so ``_check`` saw it free."""
         with self._lock:
-            if slot in self._inflight:
-                raise ProtocolError(f"slot {slot} reused while its op is in flight")
             self._inflight[slot] = time.monotonic(), keys
 
     def _queue_data_op(

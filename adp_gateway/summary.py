@@ -2,7 +2,9 @@
 
     session 3 (pid 4242 ..., tenant 'default') closed: 8 loads (8 hits, 32.0 MiB), 8 stores ...
 
-The session's thread and the I/O threads count into it at once, under its lock.
+The session's thread and the I/O threads count into it at once, under this summary's own lock.
+Work is counted when it ends, so a load or store that ends while its session closes still shows
+in the line, though its completion never reached the client.
 """
 
 from __future__ import annotations

@@ -136,8 +136,6 @@ class ADPConnector:
         if malformed or self._shared.stopping.is_set() or not self._shared.inbox.put(batch):
             why = "bad batch" if malformed else "closed or too many ops waiting"
             self._shared.completions.push(future_id, False, why, batch.results)
-            return future_id
-        self._shared.wake_io()
         return future_id
 
     def _look_up(self, keys: list[str]) -> list[bool] | None:

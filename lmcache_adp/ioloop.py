@@ -62,13 +62,12 @@ class IOLoop:
                 self._fail_everything()
 
     def shutdown(self) -> None:
-        """After ``run`` has returned: let the copies end, report every batch (failed unless
-        done, and those it never took from the inbox), and close the link once the gateway has
-        let go of our L1 (up to one op timeout: it only ever reads L1, so a hung gateway
+        """After ``run`` has returned: let the copies end, report every batch, failed unless
+        done, including those never taken from the inbox, and close the link once the gateway
+        has let go of our L1 (up to one op timeout: it only ever reads L1, so a hung gateway
         cannot harm it)."""
         for batch in self._shared.inbox.close():
-            self._outcomes.track(batch)
-            self._outcomes.conclude(batch, failed=True)
+            self._outcomes.refuse(batch, "the plugin is closing")
         self._copier.close()
         self._run_calls()
         link = self._link
@@ -157,7 +156,7 @@ class IOLoop:
                 else:
                     self._send(link, request)
             if lane < Lane.STORE:
-                self._ring()  # lookups and loads need not wait for the stores' turn
+                self._ring()  # lookups, loads and deletes need not wait for the stores' turn
 
     def _send(self, link: GatewayLink, request: Request) -> None:
         batch = request.batch

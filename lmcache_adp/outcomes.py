@@ -1,11 +1,13 @@
 """LMCache's batches from admission to their one report, and their deadlines.
 
-A batch is reported when its last request settles, at its deadline (failed), or when the plugin
-fails everything; never while a copy is inside one of its buffers, but as soon as that copy ends
-(lmcache_adp/batch.py). Before a failed store is reported, its zero-copy requests still at the
-gateway are given up (``give_up``), since LMCache may rewrite the buffers from then on.
+A batch is reported when its last request settles; at once when the lanes refuse it or none of
+its keys can travel; at its deadline (failed); when the plugin fails everything; or, still in
+the inbox when the plugin closes, by ``refuse``. Never while a copy is inside one of its
+buffers, but as soon as that copy ends (lmcache_adp/batch.py). Before a failed store is
+reported, its zero-copy requests still at the gateway are given up (``give_up``), since LMCache
+may rewrite the buffers from then on.
 
-Used by the thread that drives the link only.
+Used by one thread at a time: the link's, then, once it has stopped, the one closing the plugin.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class Outcomes:
         error = "" if ok else f"{batch.op.name} failed for some keys"
         self._completions.push(batch.future_id, ok, error, batch.results)
         mark(Stage.REPORT, batch.future_id)
+
+    def refuse(self, batch: Batch, why: str) -> None:
+        """Report, failed, a batch that never reached the lanes (no copy has touched it)."""
+        if batch.close():
+            self._completions.push(batch.future_id, False, why, batch.results)
 
     def expire(self) -> None:
         """Fail every batch past its deadline."""

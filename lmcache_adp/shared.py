@@ -25,20 +25,25 @@ INBOX_BATCHES_MAX = 4096  # submitted batches the link's thread has not taken ye
 
 
 class Inbox:
-    """Batches from LMCache's submitting threads to the link's thread; bounded, never blocks."""
+    """Batches from LMCache's submitting threads to the link's thread, which each put wakes
+    (``wake``, its doorbell); bounded, never blocks."""
 
-    def __init__(self, capacity: int = INBOX_BATCHES_MAX) -> None:
+    def __init__(self, wake: int, capacity: int = INBOX_BATCHES_MAX) -> None:
+        self._wake = wake
         self._items: deque[Batch] = deque()
         self._capacity = capacity
         self._lock = threading.Lock()
         self._closed = False
 
     def put(self, batch: Batch) -> bool:
-        """False, and nothing queued, when the inbox is full or closed."""
+        """Queue ``batch`` and ring; False, and nothing queued, when the inbox is full or
+        closed. The ring happens under the lock, so once ``close`` returns no put rings any
+        more and the doorbell may be closed."""
         with self._lock:
             if self._closed or len(self._items) >= self._capacity:
                 return False
             self._items.append(batch)
+            doorbell.ring(self._wake)
             return True
 
     def take(self) -> Batch | None:
@@ -61,13 +66,16 @@ class Shared:
     params: config.ADPParams
     completions: CompletionQueue = field(default_factory=CompletionQueue)
     wake: int = field(default_factory=doorbell.new)  # the link's thread's doorbell
-    inbox: Inbox = field(default_factory=Inbox)  # submits -> the link's thread
+    inbox: Inbox = field(init=False)  # submits -> the link's thread
     calls: deque[Callable[[], None]] = field(default_factory=deque)  # copiers -> the link's thread
     new_links: deque[GatewayLink] = field(default_factory=deque)  # connect -> the link's thread
     stopping: threading.Event = field(default_factory=threading.Event)
     want_link: threading.Event = field(default_factory=threading.Event)  # I/O -> connect
     op_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     lookups: LocalLookups | None = None  # the current link's; the link's thread sets it
+
+    def __post_init__(self) -> None:
+        self.inbox = Inbox(self.wake)
 
     def wake_io(self) -> None:
         doorbell.ring(self.wake)

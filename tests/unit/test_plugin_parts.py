@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 
 from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op
+from adp_wire.ring import doorbell
 from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
@@ -92,7 +93,7 @@ def test_no_wakeup_is_lost_under_concurrent_producers() -> None:
 
 
 def test_a_full_inbox_refuses_a_batch_at_once() -> None:
-    inbox = Inbox(capacity=2)
+    inbox = Inbox(doorbell.new(), capacity=2)
     batches = [Batch(i, Op.EXISTS, ["k"], None, 0) for i in range(3)]
     assert [inbox.put(b) for b in batches] == [True, True, False]
     assert inbox.take() is batches[0]
@@ -186,7 +187,7 @@ def test_a_buffer_in_l1_is_found_at_its_offset_whether_writable_or_not() -> None
 
 
 def test_a_closed_inbox_refuses_batches_and_hands_back_the_queued_ones() -> None:
-    inbox = Inbox()
+    inbox = Inbox(doorbell.new())
     batches = [Batch(i, Op.EXISTS, ["k"], None, 0) for i in range(3)]
     assert inbox.put(batches[0]) and inbox.put(batches[1])
     assert inbox.close() == batches[:2]
