@@ -75,10 +75,9 @@ class Summary:
             last_keys, last_found = self._folded
             self._folded = keys, found
             new_keys, new_found = keys - last_keys, found - last_found
-            if not new_keys or not 0 <= new_found <= new_keys:
-                return None
-            self._counts.keys_looked_up += new_keys
-            self._counts.keys_found += new_found
+        if not new_keys or not 0 <= new_found <= new_keys:
+            return None
+        self.looked_up(new_keys, new_found)
         return new_keys, new_found
 
     def describe(self) -> str:
