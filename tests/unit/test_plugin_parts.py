@@ -3,7 +3,7 @@ resets the event fd in drain without ever losing a wakeup, its inbox refuses rat
 when full, its workers run a load's copy before queued copies of stores, its copier splits large
 copies without losing or doubling a byte, and a lookup's keys are split into runs that each fit
 an arena, cover every key the protocol carries once and in order, and leave out only keys too
-long for it."""
+long for it; and a lookup never waits for a whole batch of stores to be posted."""
 
 from __future__ import annotations
 
@@ -11,21 +11,24 @@ import mmap
 import os
 import random
 import select
+import socket
 import threading
 
 import msgpack
 import numpy as np
 
-from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op
+from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome
 from adp_wire.ring import doorbell
-from adp_wire.ring.layout import PAGE_BYTES
+from adp_wire.ring.layout import PAGE_BYTES, RingLayout, create_shared
+from adp_wire.ring.queue import submission_consumer
 from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.config import ADPParams
 from lmcache_adp.copier import Copier
-from lmcache_adp.ioloop import IOLoop
+from lmcache_adp.ioloop import STORE_POSTS_PER_STEP, IOLoop
 from lmcache_adp.l1 import L1Map
 from lmcache_adp.lanes import RUN_BYTES_MAX, split
+from lmcache_adp.link import GatewayLink
 from lmcache_adp.shared import Inbox, Shared
 from lmcache_adp.window import WindowAllocator
 from lmcache_adp.workers import Workers
@@ -209,3 +212,41 @@ def test_shutdown_reports_the_batches_the_loop_never_took() -> None:
     assert not shared.inbox.put(Batch(3, Op.EXISTS, ["k"], None, 60))
     shared.completions.close()
     os.close(shared.wake)
+
+
+def test_a_lookup_reaches_the_gateway_between_the_stores_of_one_batch() -> None:
+    """A step of the link's thread posts at most STORE_POSTS_PER_STEP stores, and takes new
+    batches at the start of each, so an EXISTS submitted while a batch of stores is being posted
+    goes on the ring before the rest of that batch, which follows in order."""
+    layout = RingLayout(32, PAGE_BYTES, 32 * PAGE_BYTES)
+    memfd, mapping = create_shared(layout)
+    a, b = socket.socketpair()  # the gateway's end stays open and silent: the link is alive
+    link = GatewayLink(
+        a,
+        Welcome(1, 32, PAGE_BYTES, 32 * PAGE_BYTES, PAGE_BYTES),
+        [memfd, doorbell.new(), doorbell.new()],
+    )
+    ring = submission_consumer(memoryview(mapping), layout)
+    shared = Shared(ADPParams())
+    shared.new_links.append(link)
+    loop = IOLoop(shared)
+    stores = 2 * STORE_POSTS_PER_STEP + 2
+    buffers = [memoryview(bytearray([i]) * PAGE_BYTES) for i in range(stores)]
+    assert shared.inbox.put(Batch(1, Op.SET, [f"s{i}" for i in range(stores)], buffers, 60))
+    steps = []
+    loop._step()
+    steps.append([entry.op for entry in ring.pop_all()])
+    assert shared.inbox.put(Batch(2, Op.EXISTS, ["k"], None, 60))
+    for _ in range(6):
+        loop._wait()
+        loop._step()
+        steps.append([entry.op for entry in ring.pop_all()])
+    assert all(step.count(Op.SET) <= STORE_POSTS_PER_STEP for step in steps)
+    posted = [op for step in steps for op in step]
+    assert posted == [*[Op.SET] * STORE_POSTS_PER_STEP, Op.EXISTS, *[Op.SET] * (stores - 4)]
+    shared.stopping.set()
+    loop.shutdown()
+    assert {future for future, ok, _, _ in shared.completions.drain()} == {1, 2}
+    shared.completions.close()
+    os.close(shared.wake)
+    b.close()
