@@ -76,6 +76,7 @@ class Outcomes:
         """Report, failed, a batch that never reached the lanes (no copy has touched it)."""
         if batch.close():
             self._completions.push(batch.future_id, False, why, batch.results)
+            mark(Stage.REPORT, batch.future_id)
 
     def expire(self) -> None:
         """Fail every batch past its deadline."""
