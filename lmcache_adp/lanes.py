@@ -62,16 +62,25 @@ def room(lane: Lane, welcome: Welcome) -> tuple[int, int]:
 class Lanes:
     def __init__(self, params: ADPParams) -> None:
         self._params = params
-        self._queues: dict[Lane, deque[Request]] = {lane: deque() for lane in Lane}
+        # Per lane, the requests of each admitted batch, made only as they come to the front:
+        # admitting a batch of 32 stores costs one pass over its keys, not 32 requests at once.
+        self._queues: dict[Lane, deque[Iterator[Request]]] = {lane: deque() for lane in Lane}
+        self._heads: dict[Lane, Request | None] = dict.fromkeys(Lane)
         self._waiting = 0
         self._store_bytes = 0  # of the requests in the STORE lane
         self._shedding = False  # logged once per burst of shed stores
 
     def admit(self, batch: Batch) -> bool:
         """Queue the batch's requests; False (nothing queued) when it must fail at once."""
-        requests = list(split(batch))
-        store_bytes = sum(r.data_bytes for r in requests) if batch.op == Op.SET else 0
-        if self._waiting + len(requests) > self._params.pending_ops_max:
+        if batch.buffers is None:
+            runs = list(split(batch))
+            count, store_bytes, requests = len(runs), 0, iter(runs)
+        else:
+            carried = _carried(batch.keys)
+            count, requests = len(carried), _objects(batch, carried)
+            sizes = (batch.buffers[i].nbytes for i in carried)
+            store_bytes = sum(sizes) if batch.op == Op.SET else 0
+        if self._waiting + count > self._params.pending_ops_max:
             log.warning(
                 "%d ops are waiting for the gateway; failing a new %s of %d keys",
                 self._waiting,
@@ -92,18 +101,25 @@ class Lanes:
                 )
             self._shedding = True
             return False
-        batch.remaining = len(requests)
-        self._queues[LANE_OF[batch.op]].extend(requests)
-        self._waiting += len(requests)
+        batch.remaining = count
+        self._queues[LANE_OF[batch.op]].append(requests)
+        self._waiting += count
         self._store_bytes += store_bytes
         return True
 
     def head(self, lane: Lane) -> Request | None:
-        queue = self._queues[lane]
-        return queue[0] if queue else None
+        request, queue = self._heads[lane], self._queues[lane]
+        while request is None and queue:
+            request = next(queue[0], None)
+            if request is None:
+                queue.popleft()  # that batch's requests are all out
+        self._heads[lane] = request
+        return request
 
     def pop(self, lane: Lane) -> Request:
-        request = self._queues[lane].popleft()
+        request = self.head(lane)
+        assert request is not None
+        self._heads[lane] = None
         self._waiting -= 1
         if lane == Lane.STORE:
             self._store_bytes -= request.data_bytes
@@ -113,7 +129,7 @@ class Lanes:
     def drain(self) -> Iterator[Request]:
         """Take every waiting request, in lane order."""
         for lane in Lane:
-            while self._queues[lane]:
+            while self.head(lane) is not None:
                 yield self.pop(lane)
 
 
@@ -123,9 +139,7 @@ def split(batch: Batch) -> Iterator[Request]:
     A key longer than the protocol allows is left out: it stays a miss (False).
     """
     if batch.buffers is not None:
-        for i, (key, buf) in enumerate(zip(batch.keys, batch.buffers, strict=True)):
-            if len(key.encode()) <= KEY_BYTES_MAX:
-                yield Request(batch.op, [key], i, batch, buf.nbytes, encode_keys([key]))
+        yield from _objects(batch, _carried(batch.keys))
         return
     # A lookup of 1,000 keys is on LMCache's critical path: no Python loop per key here.
     keys = batch.keys
@@ -149,3 +163,16 @@ def _runs(batch: Batch, sizes: np.ndarray[Any, Any], start: int, stop: int) -> I
         yield Request(batch.op, run, first, batch, payload=encode_keys(run))
         sent = int(ends[last - start - 1])
         first = last
+
+
+def _carried(keys: list[str]) -> list[int]:
+    """The indexes of the keys the protocol can carry (the others stay misses)."""
+    return [i for i, key in enumerate(keys) if len(key.encode()) <= KEY_BYTES_MAX]
+
+
+def _objects(batch: Batch, carried: list[int]) -> Iterator[Request]:
+    """One request per object of a GET or SET batch, the keys at ``carried``, made on demand."""
+    assert batch.buffers is not None
+    for i in carried:
+        key = batch.keys[i]
+        yield Request(batch.op, [key], i, batch, batch.buffers[i].nbytes, encode_keys([key]))

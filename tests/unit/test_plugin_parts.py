@@ -27,7 +27,7 @@ from lmcache_adp.config import ADPParams
 from lmcache_adp.copier import Copier
 from lmcache_adp.ioloop import STORE_POSTS_PER_STEP, IOLoop
 from lmcache_adp.l1 import L1Map
-from lmcache_adp.lanes import RUN_BYTES_MAX, split
+from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, split
 from lmcache_adp.link import GatewayLink
 from lmcache_adp.shared import Inbox, Shared
 from lmcache_adp.window import WindowAllocator
@@ -159,6 +159,33 @@ def test_lookup_runs_fit_an_arena_and_cover_every_carried_key_in_order() -> None
             covered.extend(range(request.first, request.first + len(request.keys)))
         carried = [i for i, key in enumerate(keys) if len(key.encode()) <= KEY_BYTES_MAX]
         assert covered == carried
+
+
+def test_lanes_count_each_batch_at_admission_and_hand_out_its_requests_in_order() -> None:
+    """Admission bounds every request of a batch at once, though a batch's requests are made
+    only as they reach the front: a key the protocol cannot carry neither counts nor goes."""
+    lanes = Lanes(ADPParams(pending_ops_max=8, pending_store_bytes_max=3 * PAGE_BYTES))
+    buffers = [memoryview(bytearray(PAGE_BYTES)) for _ in range(3)]
+    stores = Batch(1, Op.SET, ["a", "x" * (KEY_BYTES_MAX + 1), "c"], buffers, 60)
+    assert lanes.admit(stores) and stores.remaining == 2
+    more = Batch(2, Op.SET, ["d", "e"], buffers[:2], 60)
+    assert not lanes.admit(more)  # 4 pages would wait: over pending_store_bytes_max
+    lookup = Batch(3, Op.EXISTS, ["k1", "k2"], None, 60)
+    assert lanes.admit(lookup) and lookup.remaining == 1
+    loads = Batch(4, Op.GET, [f"g{i}" for i in range(5)], [buffers[0]] * 5, 60)
+    assert lanes.admit(loads)  # 8 requests wait now: the bound
+    assert not lanes.admit(Batch(5, Op.EXISTS, ["k3"], None, 60))
+    assert [r.keys for r in (lanes.head(Lane.STORE), lanes.pop(Lane.STORE))] == [["a"], ["a"]]
+    assert lanes.admit(Batch(7, Op.SET, ["f"], buffers[:1], 60))  # room for one op, two pages
+    drained = [(r.batch.future_id, r.keys, r.data_bytes) for r in lanes.drain()]
+    assert drained == [
+        (3, ["k1", "k2"], 0),
+        *[(4, [f"g{i}"], PAGE_BYTES) for i in range(5)],
+        (1, ["c"], PAGE_BYTES),
+        (7, ["f"], PAGE_BYTES),
+    ]
+    assert lanes.admit(more)  # nothing waits any more
+    assert lanes.head(Lane.LOOKUP) is None
 
 
 def test_urgent_jobs_overtake_queued_ones_and_close_runs_every_job() -> None:
