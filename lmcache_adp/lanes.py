@@ -72,14 +72,14 @@ class Lanes:
 
     def admit(self, batch: Batch) -> bool:
         """Queue the batch's requests; False (nothing queued) when it must fail at once."""
-        if batch.buffers is None:
-            runs = list(split(batch))
+        if batch.buffers is None:  # EXISTS, DELETE: runs of keys
+            runs = list(key_runs(batch))
             count, store_bytes, requests = len(runs), 0, iter(runs)
-        else:
+        else:  # GET, SET: one request per object, made when it reaches the front
             carried = _carried(batch.keys)
             count, requests = len(carried), _objects(batch, carried)
-            sizes = (batch.buffers[i].nbytes for i in carried)
-            store_bytes = sum(sizes) if batch.op == Op.SET else 0
+            sizes = [batch.buffers[i].nbytes for i in carried] if batch.op == Op.SET else []
+            store_bytes = sum(sizes)
         if self._waiting + count > self._params.pending_ops_max:
             log.warning(
                 "%d ops are waiting for the gateway; failing a new %s of %d keys",
@@ -133,14 +133,11 @@ class Lanes:
                 yield self.pop(lane)
 
 
-def split(batch: Batch) -> Iterator[Request]:
-    """Ring requests for a batch: one per object, or runs of keys that fit an arena.
+def key_runs(batch: Batch) -> Iterator[Request]:
+    """Ring requests for an EXISTS or DELETE: runs of keys that fit an arena.
 
     A key longer than the protocol allows is left out: it stays a miss (False).
     """
-    if batch.buffers is not None:
-        yield from _objects(batch, _carried(batch.keys))
-        return
     # A lookup of 1,000 keys is on LMCache's critical path: no Python loop per key here.
     keys = batch.keys
     encoded = keys if all(map(str.isascii, keys)) else map(str.encode, keys)

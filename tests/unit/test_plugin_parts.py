@@ -27,7 +27,7 @@ from lmcache_adp.config import ADPParams
 from lmcache_adp.copier import Copier
 from lmcache_adp.ioloop import STORE_POSTS_PER_STEP, IOLoop
 from lmcache_adp.l1 import L1Map
-from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, split
+from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, key_runs
 from lmcache_adp.link import GatewayLink
 from lmcache_adp.shared import Inbox, Shared
 from lmcache_adp.window import WindowAllocator
@@ -151,7 +151,7 @@ def test_lookup_runs_fit_an_arena_and_cover_every_carried_key_in_order() -> None
         ]
         batch = Batch(trial, Op.EXISTS, keys, None, 0)
         covered: list[int] = []
-        for request in split(batch):
+        for request in key_runs(batch):
             assert 0 < len(request.keys) <= KEYS_PER_REQUEST_MAX
             assert len(request.payload) <= RUN_BYTES_MAX
             assert msgpack.unpackb(request.payload) == request.keys
