@@ -78,8 +78,7 @@ class Lanes:
         else:  # GET, SET: one request per object, made when it reaches the front
             carried = _carried(batch.keys)
             count, requests = len(carried), _objects(batch, carried)
-            sizes = [batch.buffers[i].nbytes for i in carried] if batch.op == Op.SET else []
-            store_bytes = sum(sizes)
+            store_bytes = sum(batch.buffers[i].nbytes for i in carried) if batch.op == Op.SET else 0
         if self._waiting + count > self._params.pending_ops_max:
             log.warning(
                 "%d ops are waiting for the gateway; failing a new %s of %d keys",
