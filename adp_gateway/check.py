@@ -23,13 +23,12 @@ from tqdm import tqdm
 
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.devices.reader import RegionReader, aligned
-from adp_gateway.card.software.recovery import first_header, read_footer, walk
+from adp_gateway.card.software.recovery import first_header, payload_intact, read_footer, walk
 from adp_gateway.card.software.sealing import row_of, write_footer
 from adp_gateway.errors import StartupError
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
 from adp_gateway.objects.names import Version, parse
-from adp_wire.checksum import checksum
-from adp_wire.ring.layout import PAGE_BYTES, align_up
+from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
 
 
@@ -112,7 +111,7 @@ def _check_region(
     for offset, header in walked:
         report.records += 1
         report.bytes_read += header.record_bytes
-        if header.kind == Kind.DATA and not _payload_intact(reader, offset, header):
+        if header.kind == Kind.DATA and not payload_intact(reader, offset, header):
             report.damage.append(f"{where} offset {offset}: {_damaged(header)}")
             if fix:
                 reader.device.write([aligned(HEADER_BYTES)], reader.start + offset)
@@ -135,11 +134,6 @@ def _check_region(
     if fix and needs_footer and good and write_footer(reader, salt, first.epoch, good):
         report.fixed += 1
     return [header for _, header in good]
-
-
-def _payload_intact(reader: RegionReader, offset: int, header: RecordHeader) -> bool:
-    payload = reader.read(offset + HEADER_BYTES, align_up(header.fragment_bytes))
-    return checksum(payload[: header.fragment_bytes]) == header.payload_checksum
 
 
 def _open(path: str) -> FileDevice:

@@ -56,9 +56,13 @@ def test_a_trailer_of_an_empty_footer_costs_a_walk() -> None:
     0 bytes mapped a 0-byte buffer, and the recovery failed with OSError (EINVAL)."""
     device = MemoryDevice(4096 + 4 * REGION)
     log = RegionLog([device], REGION, lambda *r: [])
-    record = extent(payload(6, 4096))
+    data = payload(6, 4096)
+    record = extent(data)
     for seq in range(60):  # 8 KiB records: regions 0 and 1 sealed, with footers
-        log.append(0, RecordHeader(Kind.DATA, seq, "t", f"k{seq}", 4096, 0, 4096), record)
+        header = RecordHeader(
+            Kind.DATA, seq, "t", f"k{seq}", 4096, 0, 4096, payload_checksum=checksum(data)
+        )
+        log.append(0, header, record)
     page = extent(bytes(4096))
     device.read([page], 0)
     superblock = unpack_superblock(page)

@@ -19,9 +19,11 @@ from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.sealing import row_of
 from adp_gateway.errors import StartupError, StorageError
 from adp_gateway.format import Kind, RecordHeader, unpack_header, unpack_superblock
+from adp_wire.checksum import checksum
 from tests.support.storage import REGION, extent, make_devices, payload
 
 SIZE = 4096 + 4 * REGION  # superblock + four regions
+ZEROS = bytes(8192)
 
 
 def scanned_seqs(log: RegionLog) -> list[int]:
@@ -29,8 +31,10 @@ def scanned_seqs(log: RegionLog) -> list[int]:
     return [row[2] for found in log.scan() for row in found.rows]
 
 
-def header(seq: int, size: int) -> RecordHeader:
-    return RecordHeader(Kind.DATA, seq, "t", f"k{seq}", size, 0, size)
+def header(seq: int, size: int, data: bytes | memoryview) -> RecordHeader:
+    """The header of a record of ``size`` bytes of ``data``, with its payload checksum."""
+    checked = checksum(data[:size])
+    return RecordHeader(Kind.DATA, seq, "t", f"k{seq}", size, 0, size, payload_checksum=checked)
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -41,7 +45,7 @@ def devices(request: pytest.FixtureRequest, tmp_path: Path) -> list[Device]:
 def test_append_then_read(devices: list[Device]) -> None:
     log = RegionLog(devices, REGION, lambda *r: [])
     data = payload(1, 10000)
-    location = log.append(0, header(1, 10000), extent(data))
+    location = log.append(0, header(1, 10000, data), extent(data))
     out = extent(bytes(10000))
     found = log.read(location, out)
     assert found is not None and found.key == "k1" and found.epoch == location.epoch
@@ -52,7 +56,7 @@ def test_full_log_reclaims_the_oldest_region_first(devices: list[Device]) -> Non
     reclaimed: list[tuple[int, int, int]] = []
     log = RegionLog(devices, REGION, lambda *r: reclaimed.append(r) or [])
     record = extent(payload(2, 60 * 2**10))
-    locations = [log.append(0, header(i, 60 * 2**10), record) for i in range(40)]
+    locations = [log.append(0, header(i, 60 * 2**10, record), record) for i in range(40)]
     assert log.used_bytes <= log.capacity_bytes
     first_regions = [loc.region for loc in locations[:12]]
     assert [r[1] for r in reclaimed[:3]] == sorted(set(first_regions))[:3]
@@ -65,7 +69,7 @@ def test_scan_after_restart_finds_live_records_only(devices: list[Device]) -> No
     log = RegionLog(devices, REGION, lambda *r: [])
     record = extent(payload(3, 50 * 2**10))
     for i in range(30):  # wraps around: early regions are reused with new epochs
-        log.append(0, header(i, 50 * 2**10), record)
+        log.append(0, header(i, 50 * 2**10, record), record)
     reopened = RegionLog(devices, REGION, lambda *r: [])
     seqs = sorted(scanned_seqs(reopened))
     assert seqs == list(range(seqs[0], 30))  # a contiguous, newest run: nothing stale
@@ -76,10 +80,27 @@ def test_scan_skips_a_torn_record_and_keeps_later_ones() -> None:
     device = MemoryDevice(SIZE)
     log = RegionLog([device], REGION, lambda *r: [])
     record = extent(payload(4, 8192))
-    locations = [log.append(0, header(i, 8192), record) for i in range(5)]
+    locations = [log.append(0, header(i, 8192, record), record) for i in range(5)]
     device.corrupt(locations[2].offset + 100)  # tear the header of record 2
     found = scanned_seqs(RegionLog([device], REGION, lambda *r: []))
     assert found == [0, 1, 3, 4]
+
+
+def test_a_record_whose_payload_was_torn_is_dropped_by_the_walk_and_invalidated() -> None:
+    # A crash mid-write (a SIGKILL while the kernel pins the source pages, or power) can leave a
+    # record's header on disk without all of its payload. The header is valid, so only the
+    # payload checksum tells: the walk of the region open at the crash must drop the record,
+    # or the key is found by EXISTS and then missed by every load.
+    device = MemoryDevice(SIZE)
+    log = RegionLog([device], REGION, lambda *r: [])
+    record = extent(payload(5, 8192))
+    locations = [log.append(0, header(i, 8192, record), record) for i in range(5)]
+    device.corrupt(locations[2].offset + 4096 + 100)  # a byte of record 2's payload
+    assert scanned_seqs(RegionLog([device], REGION, lambda *r: [])) == [0, 1, 3, 4]
+    reader = RegionReader(device, 0, SIZE)
+    assert unpack_header(reader.page(locations[2].offset), log.salt(0)) is None
+    # The footer written by that walk lists the same records, and is what the next start reads.
+    assert scanned_seqs(RegionLog([device], REGION, lambda *r: [])) == [0, 1, 3, 4]
 
 
 def test_changed_region_size_is_refused(devices: list[Device]) -> None:
@@ -109,7 +130,7 @@ def test_a_filesystem_without_o_direct_falls_back_to_buffered_io(
     assert "refuses O_DIRECT; using buffered I/O" in caplog.text
     log = RegionLog([device], REGION, lambda *r: [])
     data = payload(5, 5000)
-    location = log.append(0, header(1, 5000), extent(data))
+    location = log.append(0, header(1, 5000, data), extent(data))
     out = extent(bytes(5000))
     assert log.read(location, out) is not None and bytes(out[:5000]) == data
 
@@ -128,7 +149,7 @@ class CountingDevice(MemoryDevice):
 
 def fill(log: RegionLog, count: int, size: int = 4096) -> list[int]:
     record = extent(payload(6, size))
-    return [log.append(0, header(i, size), record).region for i in range(count)]
+    return [log.append(0, header(i, size, record), record).region for i in range(count)]
 
 
 def test_sealed_regions_are_recovered_from_their_footer_in_three_reads() -> None:
@@ -192,9 +213,9 @@ def _no_hole(at: int, resumed: int) -> None:
 def test_eviction_spares_recently_read_regions() -> None:
     log = RegionLog([MemoryDevice(SIZE)], REGION, lambda *r: [])
     record = extent(payload(7, 60 * 2**10))
-    hot = log.append(0, header(0, 60 * 2**10), record)
+    hot = log.append(0, header(0, 60 * 2**10, record), record)
     for i in range(1, 60):  # about four times the capacity
-        log.append(0, header(i, 60 * 2**10), record)
+        log.append(0, header(i, 60 * 2**10, record), record)
         assert log.read(hot, None) is not None, f"the hot record was evicted at append {i}"
 
 
@@ -202,7 +223,9 @@ def test_eviction_reclaims_emptied_regions_first() -> None:
     reclaimed: list[tuple[int, int, int]] = []
     log = RegionLog([MemoryDevice(SIZE)], REGION, lambda *r: reclaimed.append(r) or [])
     record = extent(payload(8, 60 * 2**10))
-    locations = [log.append(0, header(i, 60 * 2**10), record) for i in range(12)]  # 4 regions
+    locations = [
+        log.append(0, header(i, 60 * 2**10, record), record) for i in range(12)
+    ]  # 4 regions
     assert not reclaimed
     for location in locations:
         log.retain((location,))
@@ -212,7 +235,7 @@ def test_eviction_reclaims_emptied_regions_first() -> None:
         if location.region == emptied:
             log.release((location,))
     for i in range(12, 16):
-        log.append(0, header(i, 60 * 2**10), record)
+        log.append(0, header(i, 60 * 2**10, record), record)
     assert reclaimed[0][1] == emptied
 
 
@@ -266,7 +289,8 @@ def test_a_region_is_opened_by_its_first_write_not_by_a_write_of_its_own() -> No
     device = GatedDevice(SIZE)
     log = RegionLog([device], REGION, lambda *r: [])
     device.writes.clear()  # the formatting
-    location = log.append(0, header(1, 8192), extent(payload(5, 8192)))
+    data = payload(5, 8192)
+    location = log.append(0, header(1, 8192, data), extent(data))
     region_start = location.offset - 4096
     assert device.writes == [(region_start, 4096 + 4096 + 8192)]
     page = extent(bytes(4096))
@@ -284,9 +308,9 @@ def test_nothing_of_a_filling_is_written_before_its_first_page() -> None:
     log = RegionLog([device], REGION, lambda *r: [])
     device.held_offset = 4096  # region 0's start, the first write of its first filling
     device.writes.clear()  # the formatting
-    first_done = in_thread(lambda: log.append(0, header(1, 8192), extent(bytes(8192))))
+    first_done = in_thread(lambda: log.append(0, header(1, 8192, ZEROS), extent(ZEROS)))
     assert device.holding.wait(10)
-    second_done = in_thread(lambda: log.append(0, header(2, 8192), extent(bytes(8192))))
+    second_done = in_thread(lambda: log.append(0, header(2, 8192, ZEROS), extent(ZEROS)))
     assert not second_done.wait(0.5)  # it waits for the region's first write...
     assert device.writes == []  # ...and wrote nothing meanwhile
     device.release.set()
@@ -301,9 +325,9 @@ def test_a_slow_region_opening_holds_up_no_other_database() -> None:
     slow, other = GatedDevice(SIZE), GatedDevice(SIZE)
     log = RegionLog([slow, other], REGION, lambda *r: [])
     slow.held_offset = 4096
-    stuck_done = in_thread(lambda: log.append(0, header(1, 8192), extent(bytes(8192))))
+    stuck_done = in_thread(lambda: log.append(0, header(1, 8192, ZEROS), extent(ZEROS)))
     assert slow.holding.wait(10)
-    done = in_thread(lambda: log.append(1, header(2, 8192), extent(bytes(8192))))
+    done = in_thread(lambda: log.append(1, header(2, 8192, ZEROS), extent(ZEROS)))
     assert done.wait(10), "an append to database 1 waited for database 0's write"
     assert not stuck_done.is_set()
     slow.release.set()
@@ -317,7 +341,7 @@ def test_a_failed_first_write_leaves_nothing_of_its_filling_and_frees_the_region
     log = RegionLog([device], REGION, lambda *r: [])
     device.fail("write", errno.EIO)
     with pytest.raises(StorageError):
-        log.append(0, header(1, 8192), extent(bytes(8192)))
-    location = log.append(0, header(2, 8192), extent(bytes(8192)))
+        log.append(0, header(1, 8192, ZEROS), extent(ZEROS))
+    location = log.append(0, header(2, 8192, ZEROS), extent(ZEROS))
     assert location.region == 0 and log.read(location, None) is not None
     assert scanned_seqs(RegionLog([device.inner], REGION, lambda *r: [])) == [2]

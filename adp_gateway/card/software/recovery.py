@@ -8,8 +8,10 @@ invalid or of another epoch, and looks forward page by page for the next header 
 epoch (a torn or failed write leaves such a hole); each hole is reported to ``on_hole``.
 
 Every record carries its region's epoch (a new one for every filling), so a scan never believes
-a record left from an older filling. A region walked gets its footer written then, so the next
-restart is fast.
+a record left from an older filling. A walk also checks each record's payload, one read of the
+region with its headers: a region without a footer was being written when the gateway stopped,
+and a write cut short can leave a valid header before a torn payload. A region walked gets its
+footer written then, so the next restart is fast.
 
 ``recover_values`` turns the records into the index: the newest complete version of each
 value wins (a value is one record, or several of the layout before the fragment-level card),
@@ -27,7 +29,7 @@ from typing import NamedTuple, Never
 
 from tqdm import tqdm
 
-from adp_gateway.card.software.devices.reader import RegionReader
+from adp_gateway.card.software.devices.reader import RegionReader, aligned
 from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regions import Database, Location, LogState, Region
@@ -41,6 +43,7 @@ from adp_gateway.card.software.sealing import (
 )
 from adp_gateway.card.software.tombstones import Tombstones
 from adp_gateway.format import HEADER_BYTES, RECORD_MAGIC, Kind, RecordHeader, unpack_header
+from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 log = logging.getLogger(__name__)
@@ -116,13 +119,40 @@ class RegionScan:
                 resumed,
             )
 
-        records = [r for r in walk(reader, db.salt, first.epoch, hole) if r[1].kind != Kind.REGION]
+        records: list[tuple[int, RecordHeader]] = []
+        end = 0  # of the last record walked, believed or not
+        for offset, header in walk(reader, db.salt, first.epoch, hole):
+            if header.kind == Kind.REGION:
+                continue
+            end = offset + header.record_bytes
+            if self._believed(db, reader, offset, header):
+                records.append((offset, header))
         region.records = records
-        if records:
-            region.used_bytes = records[-1][0] + records[-1][1].record_bytes
+        if end:
+            region.used_bytes = end
             region.writes_inflight += 1
             self._sealer.write(db, region)
         return [row_of(offset, header) for offset, header in records]
+
+    @staticmethod
+    def _believed(db: Database, reader: RegionReader, offset: int, header: RecordHeader) -> bool:
+        """Whether a walked record holds the payload its header promises. A region without a
+        footer was being written when the gateway stopped, and a write cut short (a SIGKILL
+        while the kernel pins its source pages, a power cut) can leave a valid header before a
+        torn payload. Such a record is invalidated on disk (its header zeroed, as
+        ``adp-gateway check --fix`` does), so neither a recovery nor a check believes it."""
+        if header.kind != Kind.DATA or payload_intact(reader, offset, header):
+            return True
+        log.warning(
+            "database %d: the record of %s/%s at %d was torn by a crash (its payload fails its "
+            "checksum); dropped",
+            db.index,
+            header.tenant,
+            header.key,
+            reader.start + offset,
+        )
+        db.device.write([aligned(HEADER_BYTES)], reader.start + offset)
+        return False
 
 
 def rebuild(
@@ -195,6 +225,12 @@ def recover_values(found_regions: Iterable[RegionRecords]) -> Recovered:
 def first_header(reader: RegionReader, salt: int) -> RecordHeader | None:
     """The header of the region's first record, which gives its epoch; None: a free region."""
     return unpack_header(reader.page(0, read_ahead=False), salt)
+
+
+def payload_intact(reader: RegionReader, offset: int, header: RecordHeader) -> bool:
+    """Whether the payload of the record at ``offset`` matches its header's checksum."""
+    payload = reader.span(offset + HEADER_BYTES, align_up(header.fragment_bytes))
+    return checksum(payload[: header.fragment_bytes]) == header.payload_checksum
 
 
 def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[FooterRow]:

@@ -29,12 +29,21 @@ class RegionReader:
 
     def page(self, offset: int, read_ahead: bool = True) -> memoryview:
         """The 4 KiB page at ``offset`` from the region's start."""
-        if not (self._at <= offset and offset + PAGE_BYTES <= self._at + self._length):
-            ahead = READ_AHEAD_BYTES if read_ahead else PAGE_BYTES
+        return self.span(offset, PAGE_BYTES, read_ahead)
+
+    def span(self, offset: int, length: int, read_ahead: bool = True) -> memoryview:
+        """``length`` bytes at ``offset`` (page aligned) from the region's start, valid until
+        the next call: from the window when it holds them, else read with the window moved
+        there (and grown, for a span larger than the read-ahead)."""
+        end = offset + length
+        if not (self._at <= offset and end <= self._at + self._length):
+            ahead = max(READ_AHEAD_BYTES if read_ahead else PAGE_BYTES, align_up(length))
             self._length = min(ahead, self.region_bytes - offset)
+            if self._length > len(self._buffer):
+                self._buffer = aligned(self._length)
             self._at = offset
             self.device.read([self._buffer[: self._length]], self.start + offset)
-        return self._buffer[offset - self._at : offset - self._at + PAGE_BYTES]
+        return self._buffer[offset - self._at : end - self._at]
 
     def read(self, offset: int, length: int) -> memoryview:
         buf = aligned(align_up(length))
