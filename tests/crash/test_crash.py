@@ -103,6 +103,7 @@ LONG_CYCLES = 100
 RECLAIM_LINE = "reclaimed database"  # the gateway's DEBUG line for an evicted region
 GATEWAY_RING_ERROR = "dropping the session"  # the gateway's ERROR line for a protocol error
 PLUGIN_RING_ERROR = "gateway link broken: peer"  # the plugin's, in the driver's log
+TORN_LINE = "was torn by a crash"  # the gateway's WARNING for a record a recovery dropped
 LOAD_BATCH = 24
 
 
@@ -192,6 +193,8 @@ class Harness:
         driver_log = _text(self.workdir / "driver.log")
         self.stats["ring_errors_driver"] = driver_log.count(PLUGIN_RING_ERROR)
         self.stats["zero_copy_sessions"] = self.gateway.log().count("(zero-copy to its L1)")
+        # Records a kill cut short (a valid header, a torn payload) that a restart dropped.
+        self.stats["torn_records_dropped"] = self.gateway.log().count(TORN_LINE)
 
     def check_disk(self) -> None:
         """After the last restart (which recovered and sealed what the kills left) and a clean
