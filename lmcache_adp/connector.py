@@ -15,9 +15,9 @@ Contract with LMCache (shared/reference/lmcache-native-plugin.md, section 1):
 - L1 buffers are written only by this plugin's copy threads (a load lands in the transfer window
   and is copied into L1 once verified), and only before the batch is reported (invariant 4).
   When LMCache's L1 is shared memory (``lmcache server --shm-name``), a store of whole pages is
-  written to the disk straight from L1: the gateway only reads those pages, and takes their
-  checksums before it asks whether the store was given up, so a late read of a reused buffer
-  is a miss (lmcache_adp/ioloop.py).
+  written to the disk straight from L1: the gateway only reads those pages, takes their
+  checksums before it asks whether the store was given up, and asks again once it has written
+  them, so a store whose buffer LMCache reused is never found (lmcache_adp/ioloop.py).
 - When the gateway is down, every op completes at once as a failure or a miss, and a background
   thread keeps trying to connect; LMCache keeps serving from L1 meanwhile. The constructor waits
   at most ``CONNECT_WAIT_S`` for the first handshake, so LMCache's start-up is never held up.

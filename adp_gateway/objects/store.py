@@ -114,8 +114,12 @@ class ObjectStore:
         With ``l1``, ``extent`` is the client's L1 (a zero-copy store), never read, written or
         padded here: the payload checksums come from ``l1`` first, then ``l1.given_up()`` says
         whether the client has given the store up, in which case this raises StoreGivenUp and
-        writes nothing. Otherwise the checksums are of the bytes the client stored, and a byte
-        LMCache rewrites while the card still reads it can only make the record fail them.
+        writes nothing. Otherwise the checksums are of the bytes the client stored, and the card
+        writes them; ``l1.given_up()`` is asked again once it has, and a store given up by then
+        (LMCache may have rewritten the buffer while the card read it) is deleted unpublished,
+        with StoreGivenUp. So no version whose bytes may have changed under its write is ever
+        found; were one found (a crash between the write and the delete), its first load would
+        fail the checksums and drop it.
 
         An object already stored with the same length is not written again: keys name content
         (LMCache's chunk hashes), so the bytes are the same. Raises StorageError, with nothing
@@ -147,6 +151,11 @@ class ObjectStore:
             for f in plan
         ]
         self.card.put(tenant, values)
+        if l1 is not None and l1.given_up():
+            self.card.delete(tenant, version.names(key))
+            raise StoreGivenUp(
+                f"the client gave the store of {tenant}/{key} up while it was written"
+            )
         unused = self._catalog.publish(tenant, key, version)
         if unused is not None:  # another put of this key ran at the same time
             self.card.delete(tenant, unused.names(key))

@@ -210,8 +210,8 @@ def test_a_zero_copy_store_takes_its_checksums_from_l1_before_asking_if_it_was_g
     """A zero-copy store's checksums are taken from the client's L1 before the store asks
     whether the client gave it up: bytes rewritten after that answer (LMCache reusing a buffer
     once the plugin reported the store failed) can only fail those checksums, so the object is
-    a miss, never the rewritten bytes; a store given up is not written at all; and L1 is never
-    padded or written."""
+    a miss, never the rewritten bytes; a store given up is not written at all, one given up
+    while it was written is deleted unpublished; and L1 is never padded or written."""
     store = reopen()
     data = payload(4, 2 * FRAGMENT + 10)
     l1 = L1(data)
@@ -236,13 +236,19 @@ def test_a_zero_copy_store_takes_its_checksums_from_l1_before_asking_if_it_was_g
     assert store.exists("t", ["gone"]) == [False]
     assert store.statistics().used_bytes == used
 
+    answers = iter([False, True])  # clear when the checksums are taken, set once it is written
+    with pytest.raises(StoreGivenUp, match="while it was written"):
+        store.put("t", "mid", pages, len(data), l1.store(lambda: next(answers)))
+    assert store.exists("t", ["mid"]) == [False]
+
     os.ftruncate(l1.fd, PAGE_BYTES)  # a client that shrinks its segment: a failed store
     with pytest.raises(StorageError, match="shrank"):
         store.put("t", "shrunk", pages, len(data), l1.store(lambda: False))
     l1.close()
-    assert_presence_agrees(store, presence, ["k", "late", "gone", "shrunk"])
+    keys = ["k", "late", "gone", "mid", "shrunk"]
+    assert_presence_agrees(store, presence, keys)
     if store.persistent:
-        assert reopen().exists("t", ["k", "late", "gone", "shrunk"]) == [True, False, False, False]
+        assert reopen().exists("t", keys) == [True, False, False, False, False]
 
 
 def test_a_full_card_evicts_and_stays_within_its_capacity(
