@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from adp_gateway.errors import ConfigError
 from adp_wire.protocol import Op, Status
+from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
 OP_NAMES = {Op.EXISTS: "lookup", Op.GET: "load", Op.SET: "store", Op.DELETE: "delete"}
@@ -264,9 +265,7 @@ class MetricsServer:
                 f"metrics_address: cannot listen on {address}: {exc.strerror}; choose another"
             ) from exc
         self.port = self._server.server_port
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics", daemon=True
-        )
+        self._thread = NamedThread(target=self._server.serve_forever, name="metrics", daemon=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -33,6 +33,7 @@ from adp_wire.protocol import (
     send_frame,
     welcome_body,
 )
+from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
 HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
@@ -71,7 +72,7 @@ class Reception:
                     f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
                 )
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="session", daemon=True).start()
+            NamedThread(target=self._serve, args=(conn,), name="session", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         """Handshake (holding a handshake slot), then run the session (holding none)."""

@@ -40,6 +40,7 @@ from adp_gateway.tenants import Tenants
 from adp_wire.protocol import Hello, Status
 from adp_wire.ring.layout import RingLayout
 from adp_wire.ring.queue import check_host
+from adp_wire.threads import NamedThread
 from adp_wire.units import format_size
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ class Gateway:
         log.info("gateway stopped")
 
     def _spawn(self, name: str, target: object) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread = NamedThread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
         thread.start()
         self._threads.append(thread)
 

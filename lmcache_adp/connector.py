@@ -34,6 +34,7 @@ from tenacity import Retrying, retry_if_result, stop_when_event_set, wait_random
 
 from adp_wire.errors import GatewayError, HandshakeRefused, UnsupportedHost, UntrustedGateway
 from adp_wire.protocol import Hello, Op
+from adp_wire.threads import NamedThread
 from adp_wire.tokens import read_token
 from adp_wire.trace import Stage, mark
 from lmcache_adp import config, l1, trust
@@ -65,8 +66,8 @@ class ADPConnector:
         self._shared.want_link.set()
         self._io = IOLoop(self._shared)
         self._threads = [
-            threading.Thread(target=self._io.run, name="adp-io", daemon=True),
-            threading.Thread(target=self._connect_loop, name="adp-connect", daemon=True),
+            NamedThread(target=self._io.run, name="adp-io", daemon=True),
+            NamedThread(target=self._connect_loop, name="adp-connect", daemon=True),
         ]
         for thread in self._threads:
             thread.start()

@@ -10,6 +10,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from adp_wire.threads import NamedThread
 from lmcache_adp.logs import log
 
 Job = Callable[[], None]
@@ -22,8 +23,7 @@ class Workers:
         self._ready = threading.Condition()
         self._closing = False
         self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-            for i in range(threads)
+            NamedThread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)
         ]
         for thread in self._threads:
             thread.start()

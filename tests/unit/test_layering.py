@@ -20,6 +20,7 @@ WIRE_LAYERS = [
         "adp_wire.fragmenter",
         "adp_wire.trace",
         "adp_wire.ring.doorbell",
+        "adp_wire.threads",
     },
     {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout", "adp_wire.presence"},
     {"adp_wire.ring.queue", "adp_wire.protocol", "adp_wire.settings"},

@@ -19,6 +19,7 @@ from adp_gateway.errors import StorageError
 from adp_gateway.format import Kind, RecordHeader
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import align_up
+from adp_wire.threads import name_pool_thread
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -29,7 +30,7 @@ class ValueIO:
         self._log = region_log
         # Fragment I/O on every database but the caller's own, so one object uses every drive.
         self._fragment_io = [
-            ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"fragment-io-{d}")
+            ThreadPoolExecutor(4, f"fragment-io-{d}", initializer=name_pool_thread)
             for d in range(region_log.databases)
         ]
 

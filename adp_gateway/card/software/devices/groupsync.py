@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from adp_gateway.card.software.devices.base import Device
+from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class PeriodicSync:
         self._sync = sync
         self._interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="periodic-sync", daemon=True)
+        self._thread = NamedThread(target=self._run, name="periodic-sync", daemon=True)
 
     def start(self) -> None:
         self._thread.start()

@@ -21,6 +21,7 @@ import threading
 from typing import Protocol
 
 from adp_gateway.card.software.devices.base import Device
+from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 8 * 2**20
@@ -64,7 +65,7 @@ class Preparer:
         self._work = work
         self._idle_s = idle_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="prepare", daemon=True)
+        self._thread = NamedThread(target=self._run, name="prepare", daemon=True)
 
     def start(self) -> None:
         if self._work.unprepared_regions():
