@@ -23,10 +23,16 @@ from tqdm import tqdm
 
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.devices.reader import RegionReader, aligned
-from adp_gateway.card.software.recovery import first_header, payload_intact, read_footer, walk
+from adp_gateway.card.software.recovery import (
+    first_header,
+    invalidate,
+    payload_intact,
+    read_footer,
+    walk,
+)
 from adp_gateway.card.software.sealing import row_of, write_footer
 from adp_gateway.errors import StartupError
-from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, unpack_superblock
+from adp_gateway.format import Kind, RecordHeader, unpack_superblock
 from adp_gateway.objects.names import Version, parse
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
@@ -114,7 +120,7 @@ def _check_region(
         if header.kind == Kind.DATA and not payload_intact(reader, offset, header):
             report.damage.append(f"{where} offset {offset}: {_damaged(header)}")
             if fix:
-                reader.device.write([aligned(HEADER_BYTES)], reader.start + offset)
+                invalidate(reader, offset)
                 report.fixed += 1
             continue
         good.append((offset, header))

@@ -151,7 +151,7 @@ class RegionScan:
             header.key,
             reader.start + offset,
         )
-        db.device.write([aligned(HEADER_BYTES)], reader.start + offset)
+        invalidate(reader, offset)
         return False
 
 
@@ -231,6 +231,11 @@ def payload_intact(reader: RegionReader, offset: int, header: RecordHeader) -> b
     """Whether the payload of the record at ``offset`` matches its header's checksum."""
     payload = reader.span(offset + HEADER_BYTES, align_up(header.fragment_bytes))
     return checksum(payload[: header.fragment_bytes]) == header.payload_checksum
+
+
+def invalidate(reader: RegionReader, offset: int) -> None:
+    """Zero the header of the record at ``offset``, so no recovery or check believes it again."""
+    reader.device.write([aligned(HEADER_BYTES)], reader.start + offset)
 
 
 def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[FooterRow]:

@@ -30,7 +30,9 @@ class ValueIO:
         self._log = region_log
         # Fragment I/O on every database but the caller's own, so one object uses every drive.
         self._fragment_io = [
-            ThreadPoolExecutor(4, f"fragment-io-{d}", initializer=name_pool_thread)
+            ThreadPoolExecutor(
+                max_workers=4, thread_name_prefix=f"fragment-io-{d}", initializer=name_pool_thread
+            )
             for d in range(region_log.databases)
         ]
 
