@@ -3,17 +3,21 @@
 #
 #   configs/lmcache-server.sh [--port 5555] [--http-port 8080] [--l1-size-gb 8]
 #                             [--eviction-policy LRU] [--socket PATH] [--tenant NAME]
-#                             [--zero-copy] [-- extra lmcache server flags]
+#                             [--private-l1] [-- extra lmcache server flags]
 #
 # The gateway (adp-gateway serve) must use the same --socket (both default to the gateway's
 # default socket, which `python -m adp_wire socket-path` prints); it may start before or after.
 # --supported-transfer-mode auto serves both GPU (lmcache_driven) and CPU (engine_driven) clients.
 # max_capacity_gb is 0: the gateway owns capacity and eviction, which survive restarts.
-# --zero-copy puts L1 in shared memory (/dev/shm/lmcache_l1_pool_adp-PORT, allocated whole at
-# start), so the gateway writes stores to the disk straight from L1 (docs/design.md).
+# L1 lives in shared memory (/dev/shm/lmcache_l1_pool_adp-PORT, its pages taken as LMCache fills
+# them), so the gateway writes stores to the disk straight from L1 and LMCache's process does no
+# per-byte work for them: the same copy inside LMCache's process cost its L1-hit lookups about
+# 2 ms more at p99 than in another process (docs/design.md, "Zero-copy stores"). Where /dev/shm
+# cannot hold L1 (a container's 64 MiB), L1 stays private memory (the copy path) and one line
+# says how to give it room. --private-l1 keeps L1 private without asking.
 set -euo pipefail
-PORT=5555 HTTP_PORT=8080 L1_GB=8 EVICTION=LRU SOCKET="" TENANT=default
-L1_FLAGS=()
+PORT=5555 HTTP_PORT=8080 L1_GB=8 EVICTION=LRU SOCKET="" TENANT=default PRIVATE_L1=""
+SHM_DIR=${ADP_SHM_DIR:-/dev/shm}  # tests: another directory
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) PORT=$2; shift 2 ;;
@@ -22,12 +26,25 @@ while [ $# -gt 0 ]; do
     --eviction-policy) EVICTION=$2; shift 2 ;;
     --socket) SOCKET=$2; shift 2 ;;
     --tenant) TENANT=$2; shift 2 ;;
-    --zero-copy) L1_FLAGS=(--shm-name "adp-$PORT" --no-l1-use-lazy); shift ;;
+    --private-l1) PRIVATE_L1=1; shift ;;
     --) shift; break ;;
     *) echo "lmcache-server.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1
+L1_FLAGS=()
+if [ -z "$PRIVATE_L1" ]; then
+  segment=$SHM_DIR/lmcache_l1_pool_adp-$PORT  # a stale one of this port's is reused, so its room counts
+  room=$(( $(df --output=avail -B1 "$SHM_DIR" | tail -1) + $(du -B1 "$segment" 2>/dev/null | cut -f1 || echo 0) ))
+  if awk -v room="$room" -v gb="$L1_GB" 'BEGIN { exit !(room >= gb * 2^30) }'; then
+    L1_FLAGS=(--shm-name "adp-$PORT" --no-l1-use-lazy)
+  else
+    echo "lmcache-server.sh: $SHM_DIR has $(( room / 2**20 )) MiB free, too little for a ${L1_GB} GiB L1;" \
+      "L1 stays private memory and stores are copied inside LMCache's process. For zero-copy stores," \
+      "give $SHM_DIR room (docker run --shm-size or --ipc host), or lower --l1-size-gb;" \
+      "--private-l1 says this is meant." >&2
+  fi
+fi
 params='"tenant":"'"$TENANT"'"'
 [ -n "$SOCKET" ] && params+=',"socket_path":"'"$SOCKET"'"'
 l2='{"type":"native_plugin","module_path":"lmcache_adp","class_name":"ADPConnector",'

@@ -3,11 +3,12 @@
 # ready for vLLM (LMCacheMPConnector) to connect. Ctrl-C stops both cleanly.
 #
 #   scripts/serve.sh [--data-dir ./adp-data] [--capacity 8GiB] [--port 5555] [--http-port 8080]
-#                    [--l1-size-gb 8] [--socket PATH] [--zero-copy] [--huge-pages]
+#                    [--l1-size-gb 8] [--socket PATH] [--private-l1] [--huge-pages]
 #
 # --capacity is what the gateway preallocates in --data-dir (8 GiB unless told otherwise).
 # --socket defaults to the gateway's own default (`python -m adp_wire socket-path` prints it).
-# --zero-copy keeps LMCache's L1 in shared memory, and the gateway writes stores straight from it.
+# LMCache's L1 lives in shared memory where /dev/shm has room for it, and the gateway writes stores
+# straight from it (configs/lmcache-server.sh says why); --private-l1 keeps it private memory.
 # --huge-pages (root) lets the sessions' shared memory have huge pages, by setting the host's
 #   /sys/kernel/mm/transparent_hugepage/shmem_enabled from `never` to `advise` (only memory that
 #   asks for them gets them). On a 2-core VM it took 4 and 32 MiB stores from about 0.6x to 0.9x
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --http-port) HTTP_PORT=$2; shift 2 ;;
     --l1-size-gb) L1_GB=$2; shift 2 ;;
     --socket) SOCKET=$2; shift 2 ;;
-    --zero-copy) SERVER_FLAGS+=(--zero-copy); shift ;;
+    --private-l1) SERVER_FLAGS+=(--private-l1); shift ;;
     --huge-pages) HUGE_PAGES=1; shift ;;
     *) echo "serve.sh: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
   esac

@@ -36,12 +36,13 @@ def ready(proc: subprocess.Popen[bytes], log: Path) -> bool:
 
 @pytest.mark.parametrize("zero_copy", [False, True], ids=["copy", "zero-copy"])
 def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_copy: bool) -> None:
-    """With --zero-copy also --huge-pages, on a copy of the host's shmem setting."""
+    """L1 in shared memory (the default, here with --huge-pages on a copy of the host's shmem
+    setting), or private (--private-l1)."""
     server = LMCacheServer(workdir, "")  # only for its ports and client helpers
     log = workdir / "serve.log"
     shmem = workdir / "shmem_enabled"
     shmem.write_text("always within_size advise [never] deny force\n")
-    extra = ["--zero-copy", "--huge-pages"] if zero_copy else []
+    extra = ["--huge-pages"] if zero_copy else ["--private-l1"]
     proc = serve(workdir, server, log, *extra, ADP_SHMEM_SETTING=str(shmem))
     try:
         wait_until(lambda: ready(proc, log), 180, "the stack")

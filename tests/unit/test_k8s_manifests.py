@@ -126,6 +126,18 @@ def test_the_lmcache_servers_plugin_params_pass_the_plugins_checks() -> None:
     assert params.token_file in mounted_secret_files(pod("lmcache-server"), "lmcache-server")
 
 
+def test_the_lmcache_servers_l1_is_in_the_nodes_shared_memory() -> None:
+    """Zero-copy stores: L1 in a /dev/shm segment, whole from the start, on a /dev/shm that is
+    the node's (a container's own is 64 MiB)."""
+    args = lmcache_server_args()
+    assert args[args.index("--shm-name") + 1] and "--no-l1-use-lazy" in args
+    spec = pod("lmcache-server")
+    mounts = {m["name"]: m["mountPath"] for m in container(spec, "lmcache-server")["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    shm = next(name for name, path in mounts.items() if path == "/dev/shm")
+    assert volumes[shm]["hostPath"]["path"] == "/dev/shm"
+
+
 def test_vllm_reaches_the_lmcache_server_of_its_node() -> None:
     args = lmcache_server_args()
     port = int(args[args.index("--port") + 1])
