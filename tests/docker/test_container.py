@@ -280,6 +280,8 @@ def test_the_lmcache_server_entry_point_connects_its_plugin_and_reports_healthy(
     check = docker("exec", server, "adp-healthcheck")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "ok: lmcache server http://127.0.0.1:8080/healthcheck" in check.stdout, check.stdout
+    # Docker's own 64 MiB /dev/shm cannot hold a 1 GiB L1: it stays private, and the log says so.
+    assert "too little for a 1 GiB L1" in logs(server), logs(server)[-2000:]
     wait_until(
         lambda: logs(gateway).count(" connected") > connected_before,
         60,
