@@ -30,7 +30,9 @@ least per-byte work inside LMCache's process of an adapter that checks what it s
 ``null_checksum_process`` has another process do as much. ``null_write_process`` has another
 process write as many bytes to the disk (O_DIRECT, at the gateway's fragment size and I/O
 threads): the floor for any adapter that persists what it stores, on a host whose disk traffic
-itself slows LMCache's lookups. ``null_shm`` is ``null`` with the server's L1 in shared memory,
+itself slows LMCache's lookups. ``null_persist_process`` has another process take the
+checksums of as many bytes and then write them: the floor for our zero-copy stores, which do
+both outside LMCache's process. ``null_shm`` is ``null`` with the server's L1 in shared memory,
 as for ``lmcache_adp_shm``: the floor for zero-copy.
 
 Contender ``lmcache_adp_shm`` (not in the default list) is ours with the server's L1 in a
@@ -217,6 +219,7 @@ NULL_COPY: dict[str, bool | str] = {  # the null adapter's contenders: its ``cop
     "null_checksum": "checksum",
     "null_checksum_process": "process-checksum",
     "null_write_process": "process-write",
+    "null_persist_process": "process-persist",
     "null_shm": False,
 }
 

@@ -39,6 +39,11 @@ time, and a store completes no sooner than its writes: the disk traffic of an ad
 persists what it stores, none of its work in LMCache's process. It is the floor for any such
 adapter on a host whose disk traffic itself slows other work (a VM's virtio disk).
 
+With ``copy: "process-persist"`` (the ``null_persist_process`` contender) another process
+does both, fragment by fragment: the checksum of as many bytes, then their O_DIRECT write. That
+is the least an adapter that persists and checks what it stores, none of it in LMCache's
+process, costs LMCache's lookups on the host: the floor for our zero-copy stores.
+
     python -m bench.null_adapter copy-worker THREADS [checksum|write DIR]  # "id sizes" in, ids out
 """
 
@@ -84,6 +89,7 @@ class NullConnector:
             "process": ["copy"],
             "process-checksum": ["checksum"],
             "process-write": ["write", write_dir],
+            "process-persist": ["persist", write_dir],
         }
         elsewhere = work.get(str(copy))
         self._elsewhere = _CopyElsewhere(threads, elsewhere, self._copied) if elsewhere else None
@@ -325,7 +331,7 @@ def copy_worker(threads: int, work: str = "copy", write_dir: str = "") -> None:
     scratch = _Ring(np.ones(SCRATCH_BYTES, np.uint8).data)
     copier = Copier(threads)
     checksums = _Checksums(threads)
-    writes = _Writes(write_dir) if work == "write" else None
+    writes = _Writes(write_dir) if work in ("write", "persist") else None
     printing = threading.Lock()
 
     def copied(future_id: int, ok: bool) -> None:
@@ -338,6 +344,11 @@ def copy_worker(threads: int, work: str = "copy", write_dir: str = "") -> None:
         for size in sizes:
             if work == "checksum":
                 checksums.take(source.take(size), functools.partial(copied, future_id, True))
+                continue
+            if work == "persist":
+                assert writes is not None
+                written = functools.partial(copied, future_id, True)
+                checksums.take(source.take(size), functools.partial(writes.take, size, written))
                 continue
             if writes is not None:
                 writes.take(size, functools.partial(copied, future_id, True))
