@@ -9,10 +9,10 @@
 # default socket, which `python -m adp_wire socket-path` prints); it may start before or after.
 # --supported-transfer-mode auto serves both GPU (lmcache_driven) and CPU (engine_driven) clients.
 # max_capacity_gb is 0: the gateway owns capacity and eviction, which survive restarts.
-# L1 lives in shared memory (/dev/shm/lmcache_l1_pool_adp-PORT, its pages taken as LMCache fills
-# them), so the gateway writes stores to the disk straight from L1 and LMCache's process does no
-# per-byte work for them: the same copy inside LMCache's process cost its L1-hit lookups about
-# 2 ms more at p99 than in another process (docs/design.md, "Zero-copy stores"). Where /dev/shm
+# L1 lives in shared memory (/dev/shm/lmcache_l1_pool_adp-PORT, sized whole at start), so the
+# gateway writes stores to the disk straight from L1 and LMCache's process does no per-byte work
+# for them: the same copy inside LMCache's process cost its L1-hit lookups about 2 ms more at p99
+# than in another process (docs/design.md, "Zero-copy stores"). Where /dev/shm
 # cannot hold L1 (a container's 64 MiB), L1 stays private memory (the copy path) and one line
 # says how to give it room. --private-l1 keeps L1 private without asking.
 set -euo pipefail
@@ -32,17 +32,21 @@ while [ $# -gt 0 ]; do
   esac
 done
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1
+shm_room() {  # bytes free in $SHM_DIR for this port's L1, whose stale segment it would take over
+  local stale=$SHM_DIR/lmcache_l1_pool_adp-$PORT taken=0
+  [ -f "$stale" ] && taken=$(du -B1 "$stale" | cut -f1)
+  echo $(( $(df --output=avail -B1 "$SHM_DIR" | tail -1) + taken ))
+}
 L1_FLAGS=()
 if [ -z "$PRIVATE_L1" ]; then
-  segment=$SHM_DIR/lmcache_l1_pool_adp-$PORT  # a stale one of this port's is reused, so its room counts
-  room=$(( $(df --output=avail -B1 "$SHM_DIR" | tail -1) + $(du -B1 "$segment" 2>/dev/null | cut -f1 || echo 0) ))
+  room=$(shm_room)
   if awk -v room="$room" -v gb="$L1_GB" 'BEGIN { exit !(room >= gb * 2^30) }'; then
     L1_FLAGS=(--shm-name "adp-$PORT" --no-l1-use-lazy)
   else
-    echo "lmcache-server.sh: $SHM_DIR has $(( room / 2**20 )) MiB free, too little for a ${L1_GB} GiB L1;" \
-      "L1 stays private memory and stores are copied inside LMCache's process. For zero-copy stores," \
-      "give $SHM_DIR room (docker run --shm-size or --ipc host), or lower --l1-size-gb;" \
-      "--private-l1 says this is meant." >&2
+    echo "lmcache-server.sh: $SHM_DIR has $(( room / 2**20 )) MiB free, too little for a" \
+      "${L1_GB} GiB L1; L1 stays private memory and stores are copied inside LMCache's process." \
+      "For zero-copy stores, give $SHM_DIR room (docker run --shm-size or --ipc host), or lower" \
+      "--l1-size-gb; --private-l1 says this is meant." >&2
   fi
 fi
 params='"tenant":"'"$TENANT"'"'
