@@ -209,11 +209,14 @@ class ADPConnector:
                 f"{path}`, or set the adapter's socket_path to the gateway's --socket",
             )
             return False
+        stores = "zero-copy stores from L1" if link.l1 is not None else "copy path"
+        if self._params.zero_copy and segment is None:
+            stores += ": L1 is private memory; `lmcache server --shm-name NAME --no-l1-use-lazy`"
+            stores += " (configs/lmcache-server.sh) keeps the stores' copies out of LMCache"
         self._report_state(
             "connected",
             logging.INFO,
-            f"connected to the gateway at {path} (session {link.welcome.session_id}, "
-            f"{'zero-copy stores from L1' if link.l1 is not None else 'copy path'})",
+            f"connected to the gateway at {path} (session {link.welcome.session_id}, {stores})",
         )
         self._shared.want_link.clear()
         self._shared.new_links.append(link)

@@ -12,6 +12,7 @@ test runs the real `lmcache server --shm-name` with the plugin below it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -134,6 +135,27 @@ def test_whole_page_stores_go_from_shared_l1_to_disk_and_every_load_through_the_
     assert load(copying, list(batch), private) == [True] * len(batch)
     assert [bytes(b) for b in private] == list(batch.values())
     copying.close()
+
+
+def test_the_plugin_says_which_path_its_stores_take_and_how_to_make_them_zero_copy(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """LMCache started without --shm-name: the connected line says so and how to change it; not
+    when zero_copy is turned off on purpose, nor when L1 is in shared memory."""
+    caplog.set_level(logging.INFO, logger="lmcache_adp")
+    hint = "copy path: L1 is private memory; `lmcache server --shm-name NAME --no-l1-use-lazy`"
+    plugin(gateway).close()  # no L1 segment is mapped in this process
+    assert hint in caplog.text
+    caplog.clear()
+    plugin(gateway, zero_copy=False).close()
+    assert "copy path)" in caplog.text and hint not in caplog.text
+    caplog.clear()
+    segment = SharedL1(2**20)
+    try:
+        plugin(gateway).close()
+    finally:
+        segment.close()
+    assert "zero-copy stores from L1)" in caplog.text and hint not in caplog.text
 
 
 def test_no_byte_of_l1_beyond_an_object_reaches_the_disk(
