@@ -38,11 +38,19 @@ def hit(result: dict[str, object]) -> bool:
     return int(result["num_cached_tokens"]) >= int(result["prompt_len"]) - 1  # type: ignore[call-overload]
 
 
+def zero_copy_stores(gateway: Gateway) -> int:
+    """Stores that went from L1 to the disk with no copy, from the session summaries."""
+    return sum(int(n) for n in re.findall(r"(\d+) of the stores zero-copy", gateway.log()))
+
+
+@pytest.mark.parametrize("shared_l1", [True, False], ids=["l1-shared-zero-copy", "l1-private"])
 def test_prompt_is_restored_after_vllm_lmcache_and_gateway_restart(
-    stack: Stack, cold_outputs: dict[int, list[int]]
+    stack: Stack, cold_outputs: dict[int, list[int]], shared_l1: bool
 ) -> None:
+    """With L1 in shared memory (the launchers' default: stores zero-copy) and in private
+    memory (the copy path)."""
     gateway = stack.gateway()
-    server = stack.server(gateway)
+    server = stack.server(gateway, shared_l1)
     engine = stack.vllm(server)
     stores = server.log().count("Stored ")
     first = engine.request(1)
@@ -50,10 +58,12 @@ def test_prompt_is_restored_after_vllm_lmcache_and_gateway_restart(
     stored_in_l2(server, stores)
     engine.stop()
     assert server.stop() in (0, 130)  # L1 is gone with it
+    wait_until(lambda: "of the stores zero-copy" in gateway.log(), 30, "the session's summary")
+    assert zero_copy_stores(gateway) == (CHUNKS if shared_l1 else 0)
     gateway.restart()
     assert f"recovered {CHUNKS} objects" in gateway.log()
 
-    server = stack.server(gateway)
+    server = stack.server(gateway, shared_l1)
     engine = stack.vllm(server)
     again = engine.request(1)
     assert again["prompt_len"] == PROMPT_TOKENS

@@ -117,12 +117,16 @@ class Stack:
         self.processes.append(gateway)
         return gateway.start()
 
-    def server(self, gateway: Gateway, **params: object) -> LMCacheServer:
+    def server(self, gateway: Gateway, shared_l1: bool = False, **params: object) -> LMCacheServer:
+        """An lmcache server with the plugin; ``shared_l1`` puts its L1 in shared memory, as
+        configs/lmcache-server.sh does by default, so its stores go zero-copy."""
+        tag = f"-{len(self.processes)}"
         server = LMCacheServer(
             self.workdir,
             gateway.l2_adapter_json(**params),
-            tag=f"-{len(self.processes)}",
+            tag=tag,
             bin_dir=E2E_BIN,
+            shm_name=f"adp-e2e-{os.getpid()}{tag}" if shared_l1 else None,
         )
         self.processes.append(server)
         return server.start()
