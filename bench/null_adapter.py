@@ -44,7 +44,8 @@ does both, fragment by fragment: the checksum of as many bytes, then their O_DIR
 is the least an adapter that persists and checks what it stores, none of it in LMCache's
 process, costs LMCache's lookups on the host: the floor for our zero-copy stores.
 
-    python -m bench.null_adapter copy-worker THREADS [checksum|write DIR]  # "id sizes" in, ids out
+    python -m bench.null_adapter copy-worker THREADS [checksum|write DIR|persist DIR]
+    # "id sizes" lines in, each id out once its work is done
 """
 
 from __future__ import annotations
@@ -325,8 +326,8 @@ def copy_worker(threads: int, work: str = "copy", write_dir: str = "") -> None:
     """The other process: for each "id size size..." line, one copy per size between its own
     rings (1 GiB into 512 MiB, so the bytes come from memory, not the cache), as ``_copy`` makes
     them in LMCache's process; with ``work`` "checksum" the fragments' checksums of as many
-    bytes of the 1 GiB ring, with "write" as many bytes written to ``write_dir``'s disk; prints
-    the id as each one ends."""
+    bytes of the 1 GiB ring, with "write" as many bytes written to ``write_dir``'s disk, with
+    "persist" both, each fragment's checksum before its write; prints the id as each one ends."""
     source = _Ring(np.ones(2 * SCRATCH_BYTES, np.uint8).data)
     scratch = _Ring(np.ones(SCRATCH_BYTES, np.uint8).data)
     copier = Copier(threads)
