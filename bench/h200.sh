@@ -23,7 +23,8 @@
 #   run(command="STEPS='floor lookup restore' ROUNDS=1 ADP_COMMIT=$(git rev-parse --short HEAD) \
 #       bash bench/h200.sh", carry=[".whl", ".stage", ".fio"], timeout_s=600)
 # Each step stops short of BUDGET_S (default 560 s) since the call began, so what ran comes back.
-# Results in $OUT: floor-h200.*, lookup_under_load-h200.*, long_restore-h200-rN.*, run_stdout.txt.
+# Results in $OUT, named after the card that ran them (h200, h100): floor-h200.*,
+# lookup_under_load-h200.*, long_restore-h200-rN.*, and run_stdout.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_stdout.txt") 2>&1
@@ -35,6 +36,9 @@ left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 
 ts "== environment, commit ${ADP_COMMIT:-unknown}"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; $PY -V; nproc; } 2>&1
+# the card that ran it names the files (calls for an H200 may land on an H100)
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -oiE 'h[0-9]{3}' | head -1 | tr 'H' 'h')
+CARD=${CARD:-gpu}
 [ -n "${NO_INSTALL:-}" ] || [ -d "$SITE/lmcache" ] || $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --target "$SITE" .whl/*.whl || { echo PIP_FAIL; exit 1; }
 export PYTHONPATH=$REPO:$SITE
@@ -71,7 +75,7 @@ for step in $STEPS; do
     floor)
       ts "== floor ($(fio --version 2>/dev/null || echo 'no fio'))"
       timeout $(( $(left) - 5 )) $PY -m bench.floor --dir "$D/floor" --file-gib "${FLOOR_GIB:-4}" \
-        --sizes-kb "${FLOOR_SIZES_KB:-4096}" --out "$OUT/floor-h200"; echo "floor rc=$?"
+        --sizes-kb "${FLOOR_SIZES_KB:-4096}" --out "$OUT/floor-$CARD"; echo "floor rc=$?"
       rm -rf "$D/floor" ;;
     gil)  # who holds the GIL in LMCache's server while it writes through (py-spy carried in .stage)
       C=${GIL_CONTENDER:-lmcache_adp}; ts "== GIL holders in LMCache's server, $C, lookups under load"
@@ -92,29 +96,29 @@ for step in $STEPS; do
         --prompt-mib "${LOOKUP_MIB:-1024}" --prompts "${LOOKUP_PROMPTS:-4}" \
         --rounds "${LOOKUP_ROUNDS:-3}" --contenders "${LOOKUP_CONTENDERS:-lmcache_adp,fs_native,null}" \
         ${LOOKUP_ARGS:-} --lmcache-bin $BIN --logs "$OUT/logs/lookup" \
-        --out "$OUT/lookup_under_load-h200"; echo "lookup rc=$?"
+        --out "$OUT/lookup_under_load-$CARD"; echo "lookup rc=$?"
       rm -rf "$D/lookup" ;;
     matrix)
       ts "== matrix through lmcache bench l2 (${MATRIX_ARGS:-})"
       ADP_LMCACHE_BIN=$BIN timeout $(( $(left) - 5 )) $PY -m bench.matrix --dir "$D/matrix" \
-        ${MATRIX_ARGS:-} --out "$OUT/matrix-h200"; echo "matrix rc=$?"
+        ${MATRIX_ARGS:-} --out "$OUT/matrix-$CARD"; echo "matrix rc=$?"
       rm -rf "$D/matrix" ;;
     op_path)
       ts "== op_path: where a batch's time goes (${OP_PATH_ARGS:-})"
       timeout $(( $(left) - 5 )) $PY -m bench.op_path --dir "$D/op" ${OP_PATH_ARGS:-} \
-        --out "$OUT/op-path-h200"; echo "op_path rc=$?"
+        --out "$OUT/op-path-$CARD"; echo "op_path rc=$?"
       rm -rf "$D/op" ;;
     store_start)  # the plugin's own work at a store's start, gateway stopped (no LMCache)
       ts "== store_start: what a store's start costs in LMCache's process"
       timeout $(( $(left) - 5 )) $PY -m bench.store_start --dir "$D/ss" ${STORE_START_ARGS:-} \
-        --out "$OUT/store-start-h200"; echo "store_start rc=$?"
+        --out "$OUT/store-start-$CARD"; echo "store_start rc=$?"
       rm -rf "$D/ss" ;;
     restore)
       for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }
         ts "== long_restore round $r, ${GB:-8.6} GB"
         timeout $(( $(left) - 5 )) $PY -m bench.long_restore --dir "$D/restore" --gb "${GB:-8.6}" \
-          --mode "${MODE:-gpu}" --lmcache-bin $BIN --out "$OUT/long_restore-h200-r$r" \
+          --mode "${MODE:-gpu}" --lmcache-bin $BIN --out "$OUT/long_restore-$CARD-r$r" \
           --logs "$OUT/logs/restore-r$r" ${RESTORE_ARGS:---shm-name adp-h200-l1}
         echo "long_restore round $r rc=$?"; rm -rf "$D/restore"
       done ;;
