@@ -106,8 +106,8 @@ class ADPConnector:
 
     def close(self) -> None:
         """Return once no thread of this plugin touches an L1 buffer any more, every future
-        is reported, and the gateway has let go of L1 (or one op timeout has passed: it only
-        ever reads L1)."""
+        is reported, the plugin holds none of LMCache's buffers (LMCache may unmap its L1), and
+        the gateway has let go of L1 (or one op timeout has passed: it only ever reads L1)."""
         self._shared.stopping.set()
         self._shared.want_link.set()
         self._shared.wake_io()

@@ -23,6 +23,8 @@ from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.link import Request
 from lmcache_adp.logs import log
 
+LINGERING_MAX = 256  # reported batches the deadline heap may hold while the plugin runs
+
 
 class Outcomes:
     def __init__(self, completions: CompletionQueue, give_up: Callable[[Batch], None]) -> None:
@@ -34,6 +36,8 @@ class Outcomes:
     def track(self, batch: Batch) -> None:
         self._active[batch.future_id] = batch
         heapq.heappush(self._deadlines, (batch.deadline_ns, batch.future_id, batch))
+        if len(self._deadlines) > len(self._active) + LINGERING_MAX:
+            self._forget_reported()
 
     def ms_to_next_deadline(self, longest_ms: int) -> int:
         """How long the link's thread may sleep before a batch is due: at most ``longest_ms``."""
@@ -96,3 +100,11 @@ class Outcomes:
     def fail_all(self) -> None:
         for batch in list(self._active.values()):
             self.conclude(batch, failed=True)
+        self._forget_reported()
+
+    def _forget_reported(self) -> None:
+        """Drop reported batches from the deadline heap. A reported batch still holds LMCache's
+        buffers; after the plugin closes, no reference to them is left here (LMCache may unmap
+        its L1), and while it runs, at most ``LINGERING_MAX`` of them."""
+        self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
+        heapq.heapify(self._deadlines)

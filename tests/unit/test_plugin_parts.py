@@ -3,16 +3,19 @@ resets the event fd in drain without ever losing a wakeup, its inbox refuses rat
 when full, its workers run a load's copy before queued copies of stores, its copier splits large
 copies without losing or doubling a byte, and a lookup's keys are split into runs that each fit
 an arena, cover every key the protocol carries once and in order, and leave out only keys too
-long for it; and a lookup never waits for a whole batch of stores to be posted."""
+long for it; a lookup never waits for a whole batch of stores to be posted; and reported
+batches do not keep LMCache's buffers once the plugin has failed everything."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import random
 import select
 import socket
 import threading
+import weakref
 
 import msgpack
 import numpy as np
@@ -29,6 +32,7 @@ from lmcache_adp.ioloop import STORE_POSTS_PER_STEP, IOLoop
 from lmcache_adp.l1 import L1Map
 from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, key_runs
 from lmcache_adp.link import GatewayLink
+from lmcache_adp.outcomes import LINGERING_MAX, Outcomes
 from lmcache_adp.shared import Inbox, Shared
 from lmcache_adp.window import WindowAllocator
 from lmcache_adp.workers import Workers
@@ -244,6 +248,35 @@ def test_shutdown_reports_the_batches_the_loop_never_took() -> None:
     assert not shared.inbox.put(Batch(3, Op.EXISTS, ["k"], None, 60))
     shared.completions.close()
     os.close(shared.wake)
+
+
+def test_reported_batches_let_go_of_lmcaches_buffers() -> None:
+    """A batch reported long before its deadline waits in the deadline heap. While the plugin
+    runs, at most LINGERING_MAX of them stay there; once it fails everything, as it does when
+    it closes, none does, so LMCache can unmap its L1 (without waiting for the collector of
+    reference cycles, which holds the plugin's closed loop)."""
+    completions = CompletionQueue()
+    outcomes = Outcomes(completions, lambda batch: None)
+    l1 = mmap.mmap(-1, 64 * PAGE_BYTES)
+    view = memoryview(l1)
+    reported = []
+    gc.disable()
+    try:
+        for i in range(2 * LINGERING_MAX):
+            batch = Batch(i, Op.GET, [f"k{i}"], [view[i * 8 : i * 8 + 8]], 60)
+            outcomes.track(batch)
+            outcomes.conclude(batch)
+            reported.append(weakref.ref(batch))
+        del batch
+        assert 0 < sum(ref() is not None for ref in reported) <= LINGERING_MAX
+        outcomes.fail_all()
+        assert all(ref() is None for ref in reported)
+        view.release()
+        l1.close()  # BufferError while a slice of it is still held
+    finally:
+        gc.enable()
+    assert len(completions.drain()) == 2 * LINGERING_MAX
+    completions.close()
 
 
 def test_a_lookup_reaches_the_gateway_between_the_stores_of_one_batch() -> None:
