@@ -51,7 +51,8 @@ class GatewayConfig(Settings):
     session_slots: int = Field(default=128, ge=1)
     session_arena_size: ByteSize = Field(default=256 * 2**10, ge=64 * 2**10)
     session_window_size: ByteSize = Field(default=512 * 2**20, ge=PAGE_BYTES)
-    store_backlog_max: ByteSize = 2 * 2**30
+    # null: no bound of the gateway's own; each session's slots bound its queued stores
+    store_backlog_max: ByteSize | None = None
     store_inflight_max: ByteSize = 64 * 2**20
     # the gateway's nice value, so that the model server's threads run first on a busy host
     # (adp_gateway/priority.py); 0 keeps the priority it was started with

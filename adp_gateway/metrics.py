@@ -14,6 +14,11 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
   keys is one or a few requests; one the plugin answered itself is none).
 - ``adp_gateway_read_bytes_total{tenant}``, ``adp_gateway_written_bytes_total{tenant}``: object
   bytes loaded (hits) and stored (acknowledged).
+- ``adp_gateway_untaken_stores_total{tenant}``, ``adp_gateway_untaken_bytes_total{tenant}``:
+  stores LMCache handed a plugin that no tier below L1 took, whatever failed them (their
+  deadline passed while they waited, the gateway refused or failed them, the device failed);
+  LMCache holds those chunks in L1 only. The plugins count them in their sessions' shared
+  memory, folded in like their lookups.
 - ``adp_gateway_op_duration_seconds{op}``: from a request's arrival to its completion.
 - ``adp_gateway_queued_ops{queue}``, ``adp_gateway_store_backlog_bytes``: the scheduler's queues.
 - ``adp_gateway_sessions{tenant}``, ``adp_gateway_sessions_opened_total``.
@@ -76,6 +81,18 @@ class Metrics:
         self.written_bytes = Counter(
             "adp_gateway_written_bytes", "Object bytes stored", ["tenant"], registry=self.registry
         )
+        self.untaken_stores = Counter(
+            "adp_gateway_untaken_stores",
+            "Stores LMCache handed a plugin that no tier below L1 took",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.untaken_bytes = Counter(
+            "adp_gateway_untaken_bytes",
+            "Bytes of the stores no tier below L1 took",
+            ["tenant"],
+            registry=self.registry,
+        )
         self.op_duration = Histogram(
             "adp_gateway_op_duration_seconds",
             "From a request's arrival to its completion",
@@ -119,6 +136,11 @@ class Metrics:
     def looked_up(self, tenant: str, keys: int, hits: int) -> None:
         """Keys the plugin looked up in the presence table, ``hits`` of them found."""
         self._count_keys(OP_NAMES[Op.EXISTS], tenant, keys, hits, "hit")
+
+    def untaken(self, tenant: str, stores: int, nbytes: int) -> None:
+        """Stores a plugin did not take (its count, folded in by its session)."""
+        self._labelled(self.untaken_stores, tenant).inc(stores)
+        self._labelled(self.untaken_bytes, tenant).inc(nbytes)
 
     def _count_keys(self, name: str, tenant: str, keys: int, hits: int, found: str) -> None:
         self._labelled(self.keys, name, found, tenant).inc(hits)

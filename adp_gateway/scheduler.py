@@ -2,9 +2,9 @@
 
 Policy: loads before stores before deletes (a returning prompt waits on loads; a store can be
 dropped by a cache). Within a class, sessions take turns, so one client flooding stores does not
-starve another's. Admission control: while the bytes of queued stores exceed
-``store_backlog_max``, new stores are refused at once (the plugin reports a failed store
-and LMCache keeps the chunk in L1) instead of holding LMCache's buffers for longer.
+starve another's. A store waits for its turn until its deadline: LMCache holds its bytes in L1
+meanwhile, and each session's slots bound how many it has queued. Only where the config sets
+``store_backlog_max`` are stores beyond that many queued bytes refused at once.
 EXISTS never comes here: the session answers it from the index.
 
 Write depth: stores writing at once may hold at most ``store_inflight_max`` bytes (one store
@@ -65,7 +65,7 @@ class SchedulerStatistics:
 class Scheduler:
     def __init__(
         self,
-        store_backlog_max: int,
+        store_backlog_max: int | None = None,
         per_database_max: int | None = None,
         store_inflight_max: int | None = None,
         on_load: Callable[[], None] | None = None,
@@ -91,7 +91,8 @@ class Scheduler:
                 return False
             if task.priority == Priority.STORE:
                 backlog = self._store_backlog_bytes + task.data_bytes
-                if self._store_backlog_bytes and backlog > self._store_backlog_max:
+                limit = self._store_backlog_max
+                if limit is not None and self._store_backlog_bytes and backlog > limit:
                     return False
                 self._store_backlog_bytes = backlog
             self._queues[task.priority].setdefault(task.session_id, deque()).append(task)

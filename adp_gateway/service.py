@@ -77,7 +77,7 @@ class Gateway:
                 self.metrics,
                 lambda: self._ready,
                 self._alive,
-                self._fold_lookups,
+                self._fold_client_counts,
             )
             self._metrics_server.start()
         self.config = config_module.resolve_capacity(config)
@@ -136,7 +136,7 @@ class Gateway:
 
     def status(self) -> dict[str, Any]:
         """What ``adp-gateway status`` shows and the metrics' gauges read: one snapshot."""
-        self._fold_lookups()
+        self._fold_client_counts()
         store = self.store.statistics()
         queued = self.scheduler.statistics()
         with self._lock:
@@ -240,7 +240,7 @@ class Gateway:
                 task.cancel(Status.EXPIRED)
             if self._boost is not None:
                 self._boost.settle(self.scheduler.loads_pending)
-            self._fold_lookups()
+            self._fold_client_counts()
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
                 self._rates.sample()
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
@@ -283,12 +283,13 @@ class Gateway:
                     self._sessions[session.session_id] = session
         return session
 
-    def _fold_lookups(self) -> None:
-        """Add the lookups each plugin answered from its presence table to the metrics."""
+    def _fold_client_counts(self) -> None:
+        """Add what each plugin counted itself (the lookups it answered from its presence
+        table, the stores it did not take) to the metrics."""
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
-            session.fold_lookups()
+            session.fold_client_counts()
 
     def _forget(self, session: Session) -> None:
         with self._lock:

@@ -51,6 +51,7 @@ from adp_wire.ring import doorbell
 from adp_wire.ring.layout import (
     FLAG_L1,
     LOOKUPS,
+    UNTAKEN,
     Completion,
     RingLayout,
     Submission,
@@ -94,6 +95,7 @@ class Session:
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
         self._lookups = np.frombuffer(self._memory, np.uint64, 2, LOOKUPS)  # the client's counts
+        self._untaken = np.frombuffer(self._memory, np.uint64, 2, UNTAKEN)  # likewise
         self._l1 = l1
         self._l1_readers = L1Readers()
         self._submit_doorbell = doorbell.new()
@@ -155,13 +157,18 @@ class Session:
         finally:
             self.close()
 
-    def fold_lookups(self) -> None:
-        """Count the lookups the client answered from the presence table since the last call
-        (it counts them in the shared memory). Counts that make no sense are not counted."""
+    def fold_client_counts(self) -> None:
+        """Count what the client counted in the shared memory since the last call: the
+        lookups it answered from the presence table, and the stores it did not take. Counts
+        that make no sense are not counted."""
         keys, found = (int(count) for count in self._lookups)
         new = self._summary.fold_lookups(keys, found)
         if new is not None:
             self._metrics.looked_up(self.tenant, *new)
+        stores, nbytes = (int(count) for count in self._untaken)
+        untaken = self._summary.fold_untaken(stores, nbytes)
+        if untaken is not None:
+            self._metrics.untaken(self.tenant, *untaken)
 
     def close(self, started: bool = True) -> None:
         """Free everything the session holds; ``started=False`` for one whose handshake
@@ -170,7 +177,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
-        self.fold_lookups()
+        self.fold_client_counts()
         self._close_memfd()
         if self._presence is not None:
             self._presence.release(self.tenant)

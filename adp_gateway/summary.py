@@ -29,6 +29,8 @@ class Counts:
     refused: int = 0  # the scheduler's backlog was over its bound
     expired: int = 0
     failed: int = 0
+    stores_untaken: int = 0  # the client's count: stores LMCache handed it, not stored
+    bytes_untaken: int = 0
 
 
 class Summary:
@@ -36,6 +38,7 @@ class Summary:
         self._lock = threading.Lock()
         self._counts = Counts()
         self._folded = (0, 0)  # the client's own lookup counts, as last folded in
+        self._folded_untaken = (0, 0)  # and its count of stores not taken
 
     def loaded(self, size: int, hit: bool) -> None:
         with self._lock:
@@ -80,6 +83,20 @@ class Summary:
         self.looked_up(new_keys, new_found)
         return new_keys, new_found
 
+    def fold_untaken(self, stores: int, nbytes: int) -> tuple[int, int] | None:
+        """Take the client's running count of the stores it did not take (adp_wire/ring/
+        layout.py, ``UNTAKEN``); returns what is new since the last call, or None when nothing
+        is, or the counts went backwards (the client's shared memory is not trusted)."""
+        with self._lock:
+            last_stores, last_bytes = self._folded_untaken
+            new = stores - last_stores, nbytes - last_bytes
+            if new[0] <= 0 or new[1] < 0:
+                return None
+            self._folded_untaken = stores, nbytes
+            self._counts.stores_untaken += new[0]
+            self._counts.bytes_untaken += new[1]
+        return new
+
     def describe(self) -> str:
         """One line, e.g. "8 loads (8 hits, 32.0 MiB), 8 stores (32.0 MiB), ..."."""
         with self._lock:
@@ -88,5 +105,6 @@ class Summary:
             f"{c.loads} loads ({c.load_hits} hits, {format_size(c.bytes_loaded)}), {c.stores} "
             f"stores ({format_size(c.bytes_stored)}), {c.keys_looked_up} keys looked up "
             f"({c.keys_found} found), {c.zero_copy} of the stores zero-copy; {c.refused} ops "
-            f"refused (backlog over its bound), {c.expired} expired, {c.failed} failed"
+            f"refused (backlog over its bound), {c.expired} expired, {c.failed} failed; "
+            f"{c.stores_untaken} stores not taken ({format_size(c.bytes_untaken)})"
         )

@@ -16,7 +16,7 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -35,6 +35,10 @@ class Settings(BaseModel):
     infinities are not (a timeout of ``inf`` would break the promise that every op ends)."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # Keys a release took away, each with what to do instead: refused with that line rather
+    # than as an unknown key, so an old config says what changed.
+    retired: ClassVar[dict[str, str]] = {}
 
 
 # parse_size starts its message with the field name; build() puts the whole path there instead.
@@ -84,6 +88,9 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
         lead = f"{mapping}: " if mapping else ""
         if kind == "missing":
             return f"{lead}missing key {loc[-1]!r}"
+        retired = _retired(model, loc[:-1]).get(str(loc[-1]))
+        if retired is not None:
+            return f"{lead}{loc[-1]!r} is no longer a setting: {retired}"
         return f"{lead}unknown key {loc[-1]!r}{_suggest(str(loc[-1]), model, loc[:-1])}"
     ctx = error.get("ctx", {})
     if kind in ("greater_than_equal", "greater_than"):
@@ -101,6 +108,11 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
         expected = _list_of(_model_at(model, loc[:-1]).model_fields[loc[-1]].annotation)
     got = "null" if value is None else f"{_kind_of(value)} {value!r}"
     return f"{name}: expected {expected}, got {got}{_unquote(kind, value)}"
+
+
+def _retired(model: type[BaseModel], loc: tuple[int | str, ...]) -> dict[str, str]:
+    holder = _model_at(model, loc)
+    return holder.retired if issubclass(holder, Settings) else {}
 
 
 def _suggest(key: str, model: type[BaseModel], loc: tuple[int | str, ...]) -> str:

@@ -44,7 +44,6 @@ import numpy as np
 from adp_gateway.config import GatewayConfig
 from bench import backlog_gateway, backlog_report, gateways, plugin
 from bench.machine import machine
-from lmcache_adp.config import ADPParams
 from tests.support import Gateway, Process, wait_for_future, wait_until
 
 GiB = 2**30
@@ -299,9 +298,9 @@ def run_pending(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_one_session(args: argparse.Namespace) -> dict[str, Any]:
-    # One session holds at most its window and the plugin's pending_store_bytes_max; the plugin
-    # fails further stores at once (LMCache keeps them in L1), so deeper is unreachable here.
-    reachable = GatewayConfig().session_window_size + ADPParams().pending_store_bytes_max
+    # A session's stores hold at most half its window at the gateway; the rest wait in the
+    # plugin's store lane, behind which no load queues, so deeper is unreachable here.
+    reachable = GatewayConfig().session_window_size
     with probed(args, "one_session", 4) as (gateway, prober, key, data):
         idle = [prober.load(key, data) for _ in range(args.loads + 1)][1:]
         depth = min(int(args.depth_gib * GiB), reachable // 2)

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from adp_wire.protocol import default_socket_path
-from adp_wire.settings import ByteSize, OneOrMany, Settings, build
+from adp_wire.settings import OneOrMany, Settings, build
 
 
 class ADPParams(Settings):
+    retired: ClassVar[dict[str, str]] = {
+        "pending_store_bytes_max": "stores now wait for room in the session until their "
+        "deadline (op_timeout_s) instead of failing at once; remove the key",
+    }
+
     socket_path: str | None = Field(
         default=None,
         description="Unix socket of the gateway (adp-gateway serve --socket); null: the "
@@ -69,15 +74,11 @@ class ADPParams(Settings):
         "object is split over them); null: half the CPUs LMCache may run on, 1 to 4, so copies "
         "never take every core from LMCache's own threads and the link's",
     )
-    pending_store_bytes_max: ByteSize = Field(
-        default=256 * 2**20,
-        description="bytes of stores waiting for room in the gateway's session; beyond it new "
-        "stores fail at once (LMCache keeps the chunks in L1) instead of holding its buffers",
-    )
     pending_ops_max: int = Field(
-        default=65536,
+        default=2**20,
         ge=1,
-        description="objects waiting for ring slots; beyond it new ops fail at once",
+        description="objects waiting for ring slots (each costs the plugin about 100 bytes; "
+        "LMCache's L1 holds their bytes); beyond it new ops fail at once",
     )
 
 

@@ -107,7 +107,10 @@ class ADPConnector:
     def close(self) -> None:
         """Return once no thread of this plugin touches an L1 buffer any more, every future
         is reported, the plugin holds none of LMCache's buffers (LMCache may unmap its L1), and
-        the gateway has let go of L1 (or one op timeout has passed: it only ever reads L1)."""
+        the gateway has let go of L1 (or one op timeout has passed: it only ever reads L1).
+        A second call does nothing."""
+        if self._shared.stopping.is_set():
+            return
         self._shared.stopping.set()
         self._shared.want_link.set()
         self._shared.wake_io()
@@ -118,6 +121,7 @@ class ADPConnector:
             self._shared.new_links.popleft().close()
         os.close(self._shared.wake)
         self._shared.completions.close()
+        self._shared.untaken.report_offline()
 
     # Internals -----------------------------------------------------------------------------
 
@@ -136,6 +140,8 @@ class ADPConnector:
         malformed = buffers is not None and len(buffers) != len(keys)
         if malformed or self._shared.stopping.is_set() or not self._shared.inbox.put(batch):
             why = "bad batch" if malformed else "closed or too many ops waiting"
+            if op == Op.SET:
+                self._shared.untaken.count(batch)
             self._shared.completions.push(future_id, False, why, batch.results)
         return future_id
 

@@ -52,7 +52,7 @@ class IOLoop:
         self._shared = shared
         self._link: GatewayLink | None = None
         self._lanes = Lanes(shared.params)
-        self._outcomes = Outcomes(shared.completions, self._give_up)
+        self._outcomes = Outcomes(shared.completions, self._give_up, shared.untaken)
         self._copier = Copier(config.copy_threads(shared.params))
         self._preparing: deque[Request] = deque()  # stores being copied, in submission order
         self._posted = False  # submissions since the last doorbell
@@ -106,6 +106,7 @@ class IOLoop:
             self._drop_link(reconnect=False)
             self._link = self._shared.new_links.popleft()
             self._shared.lookups = self._link.lookups
+            self._shared.untaken.attach(self._link.untaken)
         if self._link is not None and not self._link.alive():
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
@@ -285,6 +286,7 @@ class IOLoop:
         if link is None:
             return
         self._shared.lookups = None
+        self._shared.untaken.attach(None)
         for request in list(link.inflight.values()):
             link.give_up(request)  # before the batch can be reported
             link.release(request)

@@ -9,10 +9,10 @@ stores all arrive on it. So they wait in separate lanes, served in this order:
 - STORE needs a slot and window room (or none, zero-copy), and holds at most half of the
   session's slots and half of its window, so a store backlog never leaves loads without room.
 
-A request that cannot get room blocks only its own lane, never one served before it. Admission
-is bounded: at most ``pending_ops_max`` requests wait in all lanes, and stores that would wait
-beyond ``pending_store_bytes_max`` fail at once (LMCache keeps those chunks in L1) rather than
-hold LMCache's buffers until their deadline.
+A request that cannot get room blocks only its own lane, never one served before it. A store
+waits for room until its deadline however many wait with it: LMCache's L1 holds its bytes
+already, and one failed at once would be in L1 only, gone from every tier once L1 evicts it.
+What waits costs the plugin only its bookkeeping, bounded by ``pending_ops_max`` requests.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome, encode_keys
-from adp_wire.units import format_size
 from lmcache_adp.batch import Batch
 from lmcache_adp.config import ADPParams
 from lmcache_adp.link import Request
@@ -67,18 +66,15 @@ class Lanes:
         self._queues: dict[Lane, deque[Iterator[Request]]] = {lane: deque() for lane in Lane}
         self._heads: dict[Lane, Request | None] = dict.fromkeys(Lane)
         self._waiting = 0
-        self._store_bytes = 0  # of the requests in the STORE lane
-        self._shedding = False  # logged once per burst of shed stores
 
     def admit(self, batch: Batch) -> bool:
         """Queue the batch's requests; False (nothing queued) when it must fail at once."""
         if batch.buffers is None:  # EXISTS, DELETE: runs of keys
             runs = list(key_runs(batch))
-            count, store_bytes, requests = len(runs), 0, iter(runs)
+            count, requests = len(runs), iter(runs)
         else:  # GET, SET: one request per object, made when it reaches the front
             carried = _carried(batch.keys)
             count, requests = len(carried), _objects(batch, carried)
-            store_bytes = sum(batch.buffers[i].nbytes for i in carried) if batch.op == Op.SET else 0
         if self._waiting + count > self._params.pending_ops_max:
             log.warning(
                 "%d ops are waiting for the gateway; failing a new %s of %d keys",
@@ -87,23 +83,9 @@ class Lanes:
                 len(batch.keys),
             )
             return False
-        if (
-            store_bytes
-            and self._store_bytes
-            and self._store_bytes + store_bytes > self._params.pending_store_bytes_max
-        ):
-            if not self._shedding:
-                log.warning(
-                    "stores are arriving faster than the gateway takes them; failing new ones "
-                    "while %s wait (pending_store_bytes_max)",
-                    format_size(self._store_bytes),
-                )
-            self._shedding = True
-            return False
         batch.remaining = count
         self._queues[LANE_OF[batch.op]].append(requests)
         self._waiting += count
-        self._store_bytes += store_bytes
         return True
 
     def head(self, lane: Lane) -> Request | None:
@@ -120,9 +102,6 @@ class Lanes:
         assert request is not None
         self._heads[lane] = None
         self._waiting -= 1
-        if lane == Lane.STORE:
-            self._store_bytes -= request.data_bytes
-            self._shedding = self._shedding and bool(self._store_bytes)
         return request
 
     def drain(self) -> Iterator[Request]:

@@ -34,6 +34,7 @@ from adp_wire.ring.layout import (
     FLAG_L1,
     LOOKUPS,
     PAGE_BYTES,
+    UNTAKEN,
     Completion,
     RingLayout,
     Submission,
@@ -81,6 +82,8 @@ class GatewayLink:
                 os.close(memfd)
             self.memory = memoryview(self._mapping)
             self.window = self.layout.window(self.memory)
+            # The plugin's count of the stores it did not take, which the gateway reads.
+            self.untaken = np.frombuffer(self.memory, np.uint64, 2, UNTAKEN)
             self._submissions = submission_producer(self.memory, self.layout)
             self._completions = completion_consumer(self.memory, self.layout)
             if welcome.presence_slots:

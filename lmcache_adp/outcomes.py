@@ -22,14 +22,18 @@ from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.link import Request
 from lmcache_adp.logs import log
+from lmcache_adp.untaken import Untaken
 
 LINGERING_MAX = 256  # reported batches the deadline heap may hold while the plugin runs
 
 
 class Outcomes:
-    def __init__(self, completions: CompletionQueue, give_up: Callable[[Batch], None]) -> None:
+    def __init__(
+        self, completions: CompletionQueue, give_up: Callable[[Batch], None], untaken: Untaken
+    ) -> None:
         self._completions = completions
         self._give_up = give_up
+        self._untaken = untaken
         self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
         self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
 
@@ -69,8 +73,10 @@ class Outcomes:
         if not batch.close():
             return
         del self._active[batch.future_id]
-        if batch.failed and batch.op == Op.SET:
-            self._give_up(batch)
+        if batch.op == Op.SET:
+            self._untaken.count(batch)
+            if batch.failed:
+                self._give_up(batch)
         ok = not batch.failed and (batch.op != Op.SET or all(batch.results))
         error = "" if ok else f"{batch.op.name} failed for some keys"
         self._completions.push(batch.future_id, ok, error, batch.results)
@@ -79,6 +85,8 @@ class Outcomes:
     def refuse(self, batch: Batch, why: str) -> None:
         """Report, failed, a batch that never reached the lanes (no copy has touched it)."""
         if batch.close():
+            if batch.op == Op.SET:
+                self._untaken.count(batch)
             self._completions.push(batch.future_id, False, why, batch.results)
             mark(Stage.REPORT, batch.future_id)
 

@@ -20,6 +20,7 @@ from lmcache_adp.batch import Batch
 from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.link import GatewayLink
 from lmcache_adp.lookups import LocalLookups
+from lmcache_adp.untaken import Untaken
 
 INBOX_BATCHES_MAX = 4096  # submitted batches the link's thread has not taken yet
 
@@ -73,6 +74,7 @@ class Shared:
     want_link: threading.Event = field(default_factory=threading.Event)  # I/O -> connect
     op_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     lookups: LocalLookups | None = None  # the current link's; the link's thread sets it
+    untaken: Untaken = field(default_factory=Untaken)  # stores not taken, counted for the gateway
 
     def __post_init__(self) -> None:
         self.inbox = Inbox(self.wake)

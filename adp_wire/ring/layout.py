@@ -3,7 +3,8 @@
 ::
 
     0        header: magic, version, geometry; queue counters on their own cache lines; the
-             plugin's count of the keys it looked up in the presence table and found there
+             plugin's counts of the keys it looked up in the presence table and found there,
+             and of the stores LMCache handed it that the tier did not take
     4096     submission queue: ``slots`` x 64-byte Submission entries (plugin -> gateway)
     ...      completion queue: ``slots`` x 32-byte Completion entries (gateway -> plugin)
     ...      arenas: ``slots`` x ``arena_bytes``, one per slot: request keys in, per-key results out
@@ -38,10 +39,11 @@ from adp_wire.errors import ProtocolError
 
 PAGE_BYTES = 4096
 MAGIC = b"ADPRING1"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 _HEADER = struct.Struct("<8sIIIIQ")  # magic, version, slots, arena_bytes, reserved, window_bytes
 SQ_HEAD, SQ_TAIL, CQ_HEAD, CQ_TAIL = 64, 128, 192, 256  # one counter per cache line
 LOOKUPS = 320  # u64 keys looked up, u64 found: lookups the plugin answered itself (its counts)
+UNTAKEN = 336  # u64 stores, u64 bytes: LMCache's stores reported not stored (the plugin's counts)
 
 SUBMISSION = struct.Struct("<QBBHIIIQQQ16x")
 COMPLETION = struct.Struct("<QIBBHIIQ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,23 @@ def test_bench_l2_verifies_every_byte(
     )
     for name in ("Store", "Load", "Lookup"):
         assert ops[name]["total_success"] == ops[name]["total_keys"] > 0, ops[name]
+
+
+def test_a_burst_of_stores_over_the_sessions_window_is_stored_whole(
+    make_gateway: Callable[..., Gateway], workdir: Path
+) -> None:
+    """LMCache's harness submits 4 x 32 stores of 4 MiB at once, 512 MiB, twice what the
+    session's window lets the plugin have at the gateway: the rest waits for room, and every
+    key is stored and loads back byte-exact (the plugin once failed half of them at once)."""
+    gateway = make_gateway("1GiB").start()
+    ops = bench(
+        gateway,
+        workdir / "burst.json",
+        *("--l1-align-bytes", "4096", "--data-size-kb", "4096", "--num-keys", "32"),
+        *("--in-flight", "4", "--rounds", "1", "--warmup-rounds", "0", "--no-skip-verify"),
+    )
+    for name in ("Store", "Load"):
+        assert ops[name]["total_success"] == ops[name]["total_keys"] == 128, ops[name]
 
 
 def test_bench_store_then_load_in_new_processes_across_a_gateway_restart(

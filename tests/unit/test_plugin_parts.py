@@ -34,6 +34,7 @@ from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, key_runs
 from lmcache_adp.link import GatewayLink
 from lmcache_adp.outcomes import LINGERING_MAX, Outcomes
 from lmcache_adp.shared import Inbox, Shared
+from lmcache_adp.untaken import Untaken
 from lmcache_adp.window import WindowAllocator
 from lmcache_adp.workers import Workers
 
@@ -167,29 +168,30 @@ def test_lookup_runs_fit_an_arena_and_cover_every_carried_key_in_order() -> None
 
 def test_lanes_count_each_batch_at_admission_and_hand_out_its_requests_in_order() -> None:
     """Admission bounds every request of a batch at once, though a batch's requests are made
-    only as they reach the front: a key the protocol cannot carry neither counts nor goes."""
-    lanes = Lanes(ADPParams(pending_ops_max=8, pending_store_bytes_max=3 * PAGE_BYTES))
+    only as they reach the front: a key the protocol cannot carry neither counts nor goes.
+    Stores are bounded by that count alone, never by their bytes: they wait for room."""
+    lanes = Lanes(ADPParams(pending_ops_max=8))
     buffers = [memoryview(bytearray(PAGE_BYTES)) for _ in range(3)]
     stores = Batch(1, Op.SET, ["a", "x" * (KEY_BYTES_MAX + 1), "c"], buffers, 60)
     assert lanes.admit(stores) and stores.remaining == 2
-    more = Batch(2, Op.SET, ["d", "e"], buffers[:2], 60)
-    assert not lanes.admit(more)  # 4 pages would wait: over pending_store_bytes_max
+    big = [memoryview(bytearray(64 * 2**20))]
+    assert lanes.admit(Batch(2, Op.SET, ["big"], big, 60))  # 64 MiB more may wait
     lookup = Batch(3, Op.EXISTS, ["k1", "k2"], None, 60)
     assert lanes.admit(lookup) and lookup.remaining == 1
-    loads = Batch(4, Op.GET, [f"g{i}" for i in range(5)], [buffers[0]] * 5, 60)
+    loads = Batch(4, Op.GET, [f"g{i}" for i in range(4)], [buffers[0]] * 4, 60)
     assert lanes.admit(loads)  # 8 requests wait now: the bound
     assert not lanes.admit(Batch(5, Op.EXISTS, ["k3"], None, 60))
     front = lanes.head(Lane.STORE)
     assert front is not None and front.keys == ["a"] and lanes.pop(Lane.STORE) is front
-    assert lanes.admit(Batch(7, Op.SET, ["f"], buffers[:1], 60))  # room for one op, two pages
+    assert lanes.admit(Batch(7, Op.SET, ["f"], buffers[:1], 60))  # room for one more op
     drained = [(r.batch.future_id, r.keys, r.data_bytes) for r in lanes.drain()]
     assert drained == [
         (3, ["k1", "k2"], 0),
-        *[(4, [f"g{i}"], PAGE_BYTES) for i in range(5)],
+        *[(4, [f"g{i}"], PAGE_BYTES) for i in range(4)],
         (1, ["c"], PAGE_BYTES),
+        (2, ["big"], 64 * 2**20),
         (7, ["f"], PAGE_BYTES),
     ]
-    assert lanes.admit(more)  # nothing waits any more
     assert lanes.head(Lane.LOOKUP) is None
 
 
@@ -256,7 +258,7 @@ def test_reported_batches_let_go_of_lmcaches_buffers() -> None:
     it closes, none does, so LMCache can unmap its L1 (without waiting for the collector of
     reference cycles, which holds the plugin's closed loop)."""
     completions = CompletionQueue()
-    outcomes = Outcomes(completions, lambda batch: None)
+    outcomes = Outcomes(completions, lambda batch: None, Untaken())
     l1 = mmap.mmap(-1, 64 * PAGE_BYTES)
     view = memoryview(l1)
     reported = []

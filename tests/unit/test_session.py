@@ -16,7 +16,7 @@ from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
 from adp_wire.protocol import Op, Status, encode_keys
-from adp_wire.ring.layout import LOOKUPS, PAGE_BYTES, RingLayout, Submission, map_shared
+from adp_wire.ring.layout import LOOKUPS, PAGE_BYTES, UNTAKEN, RingLayout, Submission, map_shared
 from adp_wire.ring.queue import completion_consumer
 from tests.support.fuzz_parsers import drain
 from tests.support.storage import REGION, open_store
@@ -142,14 +142,38 @@ def test_lookups_the_client_answered_itself_are_counted_and_nonsense_is_not(
         return metrics.snapshot().get("lookup_keys", 0)
 
     counts[:] = (10, 4)
-    s.fold_lookups()
-    s.fold_lookups()
+    s.fold_client_counts()
+    s.fold_client_counts()
     assert looked_up() == 10
     counts[:] = (12, 9)  # 2 more looked up, 5 more found: nonsense
-    s.fold_lookups()
+    s.fold_client_counts()
     counts[:] = (5, 1)  # back: nonsense
-    s.fold_lookups()
+    s.fold_client_counts()
     assert looked_up() == 10
     counts[:] = (20, 10)  # from the last count seen, (5, 1): 15 more, 9 of them found
-    s.fold_lookups()
+    s.fold_client_counts()
     assert looked_up() == 25
+
+
+def test_stores_the_client_did_not_take_are_counted_once_and_nonsense_is_not(
+    session: tuple[Session, Scheduler, memoryview],
+) -> None:
+    """The plugin counts the stores it reported not stored in the shared memory (UNTAKEN);
+    the gateway adds each increase to its metrics and the summary line once, and a count
+    going back adds nothing."""
+    s, _, memory = session
+    counts = np.frombuffer(memory, np.uint64, 2, UNTAKEN)
+    untaken = s._metrics.untaken_stores.labels(s.tenant)
+    untaken_bytes = s._metrics.untaken_bytes.labels(s.tenant)
+
+    counts[:] = (3, 3 * 2**20)
+    s.fold_client_counts()
+    s.fold_client_counts()
+    assert (untaken._value.get(), untaken_bytes._value.get()) == (3, 3 * 2**20)
+    counts[:] = (1, 2**20)  # back: nonsense
+    s.fold_client_counts()
+    assert untaken._value.get() == 3
+    counts[:] = (5, 5 * 2**20)
+    s.fold_client_counts()
+    assert (untaken._value.get(), untaken_bytes._value.get()) == (5, 5 * 2**20)
+    assert "5 stores not taken (5.0 MiB)" in s._summary.describe()

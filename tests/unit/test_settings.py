@@ -71,6 +71,15 @@ def test_a_single_value_is_a_list_of_one() -> None:
     assert parse({"gateway_uids": 0}).gateway_uids == [0]
 
 
+def test_a_retired_param_says_what_replaced_it() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"'pending_store_bytes_max' is no longer a setting: .*"
+        r"wait .* until their deadline",
+    ):
+        parse({"pending_store_bytes_max": 2**20})
+
+
 def test_an_unknown_param_lists_the_known_ones_even_without_a_close_match() -> None:
     with pytest.raises(ConfigError) as info:
         parse({"colour": "blue"})
