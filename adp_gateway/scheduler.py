@@ -79,6 +79,7 @@ class Scheduler:
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
+        self._stores_since: dict[int, int] = {}  # id of a store queued or running -> its submit
         self._queued = 0
         self._ready = threading.Condition()
         self._closed = False
@@ -95,6 +96,7 @@ class Scheduler:
                 if limit is not None and self._store_backlog_bytes and backlog > limit:
                     return False
                 self._store_backlog_bytes = backlog
+                self._stores_since[id(task)] = time.monotonic_ns()
             self._queues[task.priority].setdefault(task.session_id, deque()).append(task)
             self._queued += 1
             self._ready.notify()
@@ -106,6 +108,13 @@ class Scheduler:
         """Whether a load runs or waits."""
         with self._ready:
             return self._loading()
+
+    def store_waited_s(self) -> float:
+        """How long the store queued or running longest has been at it (0 with none): a
+        gateway starved of CPU by busier processes shows it first (adp_gateway/priority.py)."""
+        with self._ready:
+            oldest = min(self._stores_since.values(), default=None)
+        return 0.0 if oldest is None else (time.monotonic_ns() - oldest) / 1e9
 
     def next(self, timeout_s: float) -> Task | None:
         """The next task to run, waiting up to ``timeout_s``; None on timeout or when closed.
@@ -132,6 +141,7 @@ class Scheduler:
     def finished(self, task: Task) -> None:
         """``task`` (from ``next``) is done: its databases may take another."""
         with self._ready:
+            self._stores_since.pop(id(task), None)
             self._running.subtract(task.databases)
             self._loads_running -= task.priority == Priority.LOAD
             self._store_running_bytes -= task.writing_bytes
@@ -197,7 +207,7 @@ class Scheduler:
                 del queues[session_id]
                 if queue:
                     queues[session_id] = queue  # to the back: the next session takes its turn
-                self._release([task])
+                self._release([task], done=False)
                 self._running.update(task.databases)
                 self._loads_running += task.priority == Priority.LOAD
                 if task.priority == Priority.STORE:
@@ -222,8 +232,12 @@ class Scheduler:
         """Under the lock: whether a load runs or waits."""
         return bool(self._loads_running or self._queues[Priority.LOAD])
 
-    def _release(self, tasks: list[Task]) -> None:
-        """Under the lock: ``tasks`` left the queues."""
+    def _release(self, tasks: list[Task], done: bool = True) -> None:
+        """Under the lock: ``tasks`` left the queues, done with (dropped) or, not ``done``,
+        handed to an I/O thread."""
+        if done:
+            for task in tasks:
+                self._stores_since.pop(id(task), None)
         self._queued -= len(tasks)
         self._store_backlog_bytes -= sum(
             t.data_bytes for t in tasks if t.priority == Priority.STORE

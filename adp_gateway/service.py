@@ -32,7 +32,7 @@ from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
 from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.presence import Presence
 from adp_gateway.presence import slots_for as presence_slots_for
-from adp_gateway.priority import LoadBoost
+from adp_gateway.priority import STORE_PATIENCE_S, Boost
 from adp_gateway.reception import Reception
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
@@ -54,10 +54,11 @@ class Gateway:
         self,
         config: GatewayConfig,
         wrap_device: Callable[[Device], Device] | None = None,
-        boost: LoadBoost | None = None,
+        boost: Boost | None = None,
     ) -> None:
         """``wrap_device`` wraps each database's device (tests inject faults with it);
-        ``boost`` is the gateway's priority while loads run (adp_gateway/priority.py)."""
+        ``boost`` gives the gateway its priority back while loads run or stores wait
+        (adp_gateway/priority.py)."""
         check_host()
         # Before the databases are touched: a second gateway on a live socket is refused
         # without creating or preallocating anything.
@@ -239,11 +240,16 @@ class Gateway:
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
             if self._boost is not None:
-                self._boost.settle(self.scheduler.loads_pending)
+                self._boost.settle(self._must_not_wait)
             self._fold_client_counts()
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
                 self._rates.sample()
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
+
+    def _must_not_wait(self) -> bool:
+        """Whether the gateway's work needs its priority back (adp_gateway/priority.py)."""
+        scheduler = self.scheduler
+        return scheduler.loads_pending() or scheduler.store_waited_s() > STORE_PATIENCE_S
 
     def _new_session(
         self, conn: socket.socket, hello: Hello, peer: str, l1: L1Segment | None

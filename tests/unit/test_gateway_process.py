@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.config import GatewayConfig
+from adp_gateway.priority import STORE_PATIENCE_S
 from adp_wire.protocol import Hello, Op, hello_body, parse_welcome, recv_frame, send_frame
 from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector
@@ -130,12 +131,13 @@ def test_cpu_nice_0_keeps_the_priority_the_gateway_started_with(
     assert autogroup_nice(gateway.proc.pid) in (None, 0)
 
 
-def test_while_loads_run_the_autogroup_is_back_at_its_starting_priority(
+def test_while_loads_run_or_stores_wait_the_autogroup_is_back_at_its_starting_priority(
     workdir: Path,
 ) -> None:
     """LMCache waits for loads: while one runs (its reads held up here), the gateway's
-    autogroup has the nice value it started with; a store does not raise it, and once the load
-    is done it goes back to cpu_nice."""
+    autogroup has the nice value it started with, and once the load is done it goes back to
+    cpu_nice. A store does not raise it until it has waited longer than STORE_PATIENCE_S (a
+    starved gateway would let it reach its deadline), then does, until it is done."""
     (workdir / "g.yaml").write_text("databases_per_dir: 2\n")
     gateway = FaultyGateway(workdir, "1GiB", "--config", str(workdir / "g.yaml"))
     connector = None
@@ -145,7 +147,7 @@ def test_while_loads_run_the_autogroup_is_back_at_its_starting_priority(
         pid, lowered = gateway.proc.pid, GatewayConfig().cpu_nice
         if autogroup_nice(pid) is None:
             pytest.skip("this kernel has no autogroups")
-        said = re.search(rf"autogroup nice {lowered} \((\d+) while loads run\)", gateway.log())
+        said = re.search(rf"nice {lowered} \((\d+) while loads run or stores wait\)", gateway.log())
         assert said is not None, gateway.log()
         started = int(said[1])  # a new session's autogroup starts at 0
         assert started < lowered
@@ -155,13 +157,17 @@ def test_while_loads_run_the_autogroup_is_back_at_its_starting_priority(
         stored = connector.submit_batch_set(["k0"], views(data[:1]))
         assert wait_for_future(connector, stored)[1]
         for database in range(2):
-            gateway.inject(database=database, delay_s=1.5)
+            gateway.inject(database=database, delay_s=STORE_PATIENCE_S + 2)
 
         mark = len(gateway.log())
         stored = connector.submit_batch_set(["k1"], views(data[1:]))
         wait_until(lambda: "holding a write" in gateway.log()[mark:], 10, "the store's write")
         assert autogroup_nice(pid) == lowered
+        wait_until(lambda: autogroup_nice(pid) == started, 2 + STORE_PATIENCE_S, "the raise")
         assert wait_for_future(connector, stored)[1]
+        wait_until(lambda: autogroup_nice(pid) == lowered, 10, "the autogroup lowered again")
+        for database in range(2):
+            gateway.inject(database=database, delay_s=1.5)
 
         mark = len(gateway.log())
         into = bytearray(len(data[0]))

@@ -14,7 +14,7 @@ from adp_gateway import priority
 
 @pytest.fixture
 def autogroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A file in place of /proc/self/autogroup: what LoadBoost last wrote."""
+    """A file in place of /proc/self/autogroup: what Boost last wrote."""
     path = tmp_path / "autogroup"
     path.write_text("19\n")
     monkeypatch.setattr(priority, "AUTOGROUP", path)
@@ -28,7 +28,7 @@ def nice(autogroup: Path) -> int:
 def test_a_load_raises_the_priority_at_once_and_it_lowers_after_the_linger(
     autogroup: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    boost = priority.LoadBoost(started=0, lowered=19)
+    boost = priority.Boost(started=0, lowered=19)
     boost.settle(lambda: False)
     assert nice(autogroup) == 19
     boost.load_arrived()
@@ -45,7 +45,7 @@ def test_a_load_raises_the_priority_at_once_and_it_lowers_after_the_linger(
 def test_a_refused_change_is_retried_by_the_next_settle(
     autogroup: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    boost = priority.LoadBoost(started=0, lowered=19)
+    boost = priority.Boost(started=0, lowered=19)
     autogroup.unlink()
     autogroup.mkdir()  # writing it fails with an OSError, as the kernel's EAGAIN does
     boost.load_arrived()

@@ -224,3 +224,24 @@ def test_a_finished_task_wakes_no_idle_thread_when_nothing_is_queued() -> None:
     scheduler.finished(load)
     thread.join(10)
     assert returned and returned[0] >= 0.45, "the idle thread was woken with nothing to do"
+
+
+def test_the_longest_wait_of_a_store_counts_it_queued_and_running_until_it_ends() -> None:
+    """``store_waited_s`` is how long the oldest store not yet finished has been at it, queued
+    or running (a gateway starved of CPU shows it there first), and forgets a store once it
+    finishes or is dropped; loads and deletes do not count."""
+    scheduler = Scheduler()
+    assert scheduler.store_waited_s() == 0.0
+    first, second = live_store(10), live_store(10)
+    assert scheduler.submit(task(Priority.LOAD, 1)) and scheduler.submit(first)
+    time.sleep(0.05)
+    assert scheduler.submit(second)
+    assert scheduler.store_waited_s() >= 0.05
+    running = [scheduler.next(0), scheduler.next(0)]  # the load, then the first store
+    assert running[1] is first and scheduler.store_waited_s() >= 0.05  # running counts too
+    for t in running:
+        assert t is not None
+        scheduler.finished(t)
+    assert 0 < scheduler.store_waited_s() < 0.05  # the second store's wait alone
+    assert scheduler.drop_session(1) == [second]
+    assert scheduler.store_waited_s() == 0.0
