@@ -2,7 +2,9 @@
 
 A connection is either a status request (``adp-gateway status``, answered for root and the
 gateway's own user, then closed) or a client's hello: its tenant is admitted (tenants.py), its
-L1 segment mapped for zero-copy ops when it sent one, and a session is opened and welcomed. At
+L1 segment mapped for zero-copy ops when it sent one (or its process attached for remote copy
+when it offered that and the kernel lets the gateway read it: remote.py), and a session is
+opened and welcomed. At
 most ``HANDSHAKES_MAX`` handshakes run at once, each within ``handshake_timeout_s``. A connection
 refused for any reason gets one frame saying why, never waiting on the client; the refusals are
 logged rarely, so a flood of them cannot fill the log.
@@ -23,6 +25,7 @@ from adp_gateway import unix_socket
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
 from adp_gateway.l1 import L1Segment
+from adp_gateway.remote import ClientProcess
 from adp_gateway.session import Session
 from adp_gateway.tenants import Peer, Tenants
 from adp_wire.protocol import (
@@ -39,7 +42,7 @@ log = logging.getLogger(__name__)
 HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 
 # Makes the session of an admitted client, or raises HandshakeRefused (the gateway is full).
-OpenSession = Callable[[socket.socket, Hello, str, L1Segment | None], Session]
+OpenSession = Callable[[socket.socket, Hello, str, L1Segment | None, ClientProcess | None], Session]
 
 
 class Reception:
@@ -95,7 +98,15 @@ class Reception:
             hello = parse_hello(body)
             self._tenants.admit(hello, peer)
             l1 = _map_l1(hello, received, peer)
-            session = self._open_session(conn, hello, str(peer), l1)
+            remote = None
+            if l1 is None:
+                remote = ClientProcess.attach(peer.pid, hello.remote_probe, hello.remote_token)
+            try:
+                session = self._open_session(conn, hello, str(peer), l1, remote)
+            except BaseException:
+                if remote is not None:
+                    remote.close()
+                raise
             try:
                 welcome, fds = session.welcome()
                 send_frame(conn, welcome_body(welcome), fds)
@@ -109,7 +120,10 @@ class Reception:
         finally:
             for fd in received:
                 os.close(fd)
-        log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
+        path = (
+            " (zero-copy to its L1)" if l1 else " (remote copy from its memory)" if remote else ""
+        )
+        log.info("%s connected%s", session.name, path)
         return session
 
     def _answer_status(self, conn: socket.socket, peer: Peer) -> None:

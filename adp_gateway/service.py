@@ -34,6 +34,7 @@ from adp_gateway.presence import Presence
 from adp_gateway.presence import slots_for as presence_slots_for
 from adp_gateway.priority import STORE_PATIENCE_S, Boost
 from adp_gateway.reception import Reception
+from adp_gateway.remote import ClientProcess
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.session import Session
 from adp_gateway.tenants import Tenants
@@ -252,7 +253,12 @@ class Gateway:
         return scheduler.loads_pending() or scheduler.store_waited_s() > STORE_PATIENCE_S
 
     def _new_session(
-        self, conn: socket.socket, hello: Hello, peer: str, l1: L1Segment | None
+        self,
+        conn: socket.socket,
+        hello: Hello,
+        peer: str,
+        l1: L1Segment | None,
+        remote: ClientProcess | None,
     ) -> Session:
         layout = RingLayout(
             self.config.session_slots,
@@ -280,6 +286,7 @@ class Gateway:
                 self.metrics,
                 l1,
                 self.presence,
+                remote,
             )
             self.metrics.sessions_opened.inc()
         finally:

@@ -9,9 +9,10 @@ the I/O threads run its loads, stores and deletes (work.py) and call ``complete`
 stays alive until the last I/O thread has released its views of it, so a dead client never pulls
 memory out from under an in-flight read or write.
 
-Zero-copy stores (``FLAG_L1``) read the client's L1 pages, through the kernel only, inside the
-session's ``L1Readers`` (adp_gateway/l1.py), which it closes before its socket. The gateway never
-writes L1: every load lands in the window.
+Zero-copy stores (``FLAG_L1``) read the client's L1 pages, and remote-copy stores
+(``FLAG_REMOTE``) its private memory, through the kernel only, inside the session's ``L1Readers``
+(adp_gateway/l1.py), which it closes before its socket. The gateway never writes L1: every load
+lands in the window.
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ from collections.abc import Callable
 import numpy as np
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.extents import L1Object, given_up_word, l1_pages, window_range
+from adp_gateway.extents import (
+    L1Object,
+    RemoteObject,
+    given_up_word,
+    l1_pages,
+    source_address,
+    window_range,
+)
 from adp_gateway.l1 import L1Readers, L1Segment
 from adp_gateway.loads import Load, groups
 from adp_gateway.metrics import Metrics
 from adp_gateway.objects.store import ObjectStore
 from adp_gateway.presence import Presence
+from adp_gateway.remote import ClientProcess
 from adp_gateway.scheduler import Scheduler
 from adp_gateway.summary import Summary
 from adp_gateway.work import SessionWork, results
@@ -50,6 +59,7 @@ from adp_wire.protocol import (
 from adp_wire.ring import doorbell
 from adp_wire.ring.layout import (
     FLAG_L1,
+    FLAG_REMOTE,
     LOOKUPS,
     UNTAKEN,
     Completion,
@@ -78,9 +88,11 @@ class Session:
         metrics: Metrics,
         l1: L1Segment | None = None,
         presence: Presence | None = None,
+        remote: ClientProcess | None = None,
     ) -> None:
         """``presence``: the tables of which a read-only fd of the tenant's goes to the client
-        with the welcome, so that it answers lookups itself."""
+        with the welcome, so that it answers lookups itself. ``l1``: the client's L1 segment,
+        mapped for zero-copy stores; ``remote``: its process, read for remote-copy stores."""
         self.session_id = session_id
         self.tenant = tenant
         self.name = f"session {session_id} ({peer}, tenant {tenant!r})"
@@ -97,6 +109,7 @@ class Session:
         self._lookups = np.frombuffer(self._memory, np.uint64, 2, LOOKUPS)  # the client's counts
         self._untaken = np.frombuffer(self._memory, np.uint64, 2, UNTAKEN)  # likewise
         self._l1 = l1
+        self._remote = remote
         self._l1_readers = L1Readers()
         self._submit_doorbell = doorbell.new()
         self._complete_doorbell = doorbell.new()
@@ -127,13 +140,14 @@ class Session:
 
     def welcome(self) -> tuple[Welcome, list[int]]:
         welcome = Welcome(
-            self.session_id,
-            self._layout.slots,
-            self._layout.arena_bytes,
-            self._layout.window_bytes,
-            self.object_bytes_max,
-            int(self._l1 is not None),
-            self._presence_slots,
+            session_id=self.session_id,
+            slots=self._layout.slots,
+            arena_bytes=self._layout.arena_bytes,
+            window_bytes=self._layout.window_bytes,
+            object_bytes_max=self.object_bytes_max,
+            l1_attached=int(self._l1 is not None),
+            presence_slots=self._presence_slots,
+            remote_copy=int(self._remote is not None),
         )
         fds = [self._memfd, self._submit_doorbell, self._complete_doorbell]
         return welcome, [*fds, self._presence_fd] if self._presence_slots else fds
@@ -185,6 +199,8 @@ class Session:
         self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
         if self._l1 is not None:
             self._l1.close()
+        if self._remote is not None:
+            self._remote.close()
         self._sock.close()
         os.close(self._submit_doorbell)
         with self._lock:
@@ -284,8 +300,9 @@ class Session:
     def _check(self, submission: Submission) -> Op:
         if submission.op not in Op.__members__.values():
             raise ProtocolError(f"unknown op code {submission.op}")
-        if submission.flags & ~FLAG_L1 or (submission.flags and submission.op != Op.SET):
-            raise ProtocolError(f"flags {submission.flags:#x} are not valid for op {submission.op}")
+        flags = submission.flags
+        if flags not in (0, FLAG_L1, FLAG_REMOTE) or (flags and submission.op != Op.SET):
+            raise ProtocolError(f"flags {flags:#x} are not valid for op {submission.op}")
         if submission.slot >= self._layout.slots:
             raise ProtocolError(f"slot {submission.slot} is out of range")
         if submission.request_bytes > self._layout.arena_bytes:
@@ -306,23 +323,26 @@ class Session:
     ) -> None:
         if len(keys) != 1:
             raise ProtocolError(f"a {op.name} carries one key, got {len(keys)}")
-        key, length = keys[0], submission.data_bytes
-        zero_copy = bool(submission.flags & FLAG_L1)
-        if zero_copy:
+        key = keys[0]
+        if submission.flags & FLAG_L1:
             extent = l1_pages(self._l1, self.object_bytes_max, submission)
-            self._summary.zero_copy()
         else:
             extent = window_range(self._window, submission)
-
         if op == Op.GET:
-            wanted.append(Load(submission, key, extent, length))
+            wanted.append(Load(submission, key, extent, submission.data_bytes))
             return
-        l1 = None
-        if zero_copy:
-            assert self._l1 is not None  # l1_pages raised otherwise
-            word = given_up_word(submission, arena)
-            given_up = functools.partial(self._given_up, word)
-            l1 = L1Object(self._l1, submission.data_offset, given_up)
+        l1: L1Object | RemoteObject | None = None
+        if submission.flags:
+            given_up = functools.partial(self._given_up, given_up_word(submission, arena))
+            if submission.flags & FLAG_L1:
+                assert self._l1 is not None  # l1_pages raised otherwise
+                l1 = L1Object(self._l1, submission.data_offset, given_up)
+                self._summary.zero_copy()
+            else:
+                if self._remote is None:
+                    raise ProtocolError("a remote-copy store on a session without remote copy")
+                l1 = RemoteObject(self._remote, source_address(submission, arena), given_up)
+                self._summary.remote_copy()
         self._work.store(submission, key, extent, l1)
 
     def _given_up(self, word: memoryview) -> bool:

@@ -24,6 +24,7 @@ class Counts:
     stores: int = 0
     bytes_stored: int = 0
     zero_copy: int = 0  # of the stores
+    remote_copy: int = 0  # of the stores
     keys_looked_up: int = 0
     keys_found: int = 0
     refused: int = 0  # the scheduler's backlog was over its bound
@@ -54,6 +55,10 @@ class Summary:
     def zero_copy(self) -> None:
         with self._lock:
             self._counts.zero_copy += 1
+
+    def remote_copy(self) -> None:
+        with self._lock:
+            self._counts.remote_copy += 1
 
     def looked_up(self, keys: int, found: int) -> None:
         with self._lock:
@@ -104,7 +109,8 @@ class Summary:
         return (
             f"{c.loads} loads ({c.load_hits} hits, {format_size(c.bytes_loaded)}), {c.stores} "
             f"stores ({format_size(c.bytes_stored)}), {c.keys_looked_up} keys looked up "
-            f"({c.keys_found} found), {c.zero_copy} of the stores zero-copy; {c.refused} ops "
+            f"({c.keys_found} found), {c.zero_copy} of the stores zero-copy and "
+            f"{c.remote_copy} copied by the gateway; {c.refused} ops "
             f"refused (backlog over its bound), {c.expired} expired, {c.failed} failed; "
             f"{c.stores_untaken} stores not taken ({format_size(c.bytes_untaken)})"
         )

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from adp_gateway.errors import StorageError, StoreGivenUp
-from adp_gateway.extents import L1Object
+from adp_gateway.extents import L1Object, RemoteObject
 from adp_gateway.l1 import L1Readers
 from adp_gateway.loads import Load
 from adp_gateway.metrics import Metrics
@@ -71,9 +71,10 @@ class SessionWork:
         submission: Submission,
         key: str,
         extent: memoryview,
-        l1: L1Object | None,
+        l1: L1Object | RemoteObject | None,
     ) -> None:
-        """Queue a store of ``extent``: the window, or with ``l1`` the client's L1."""
+        """Queue a store of ``extent``: the window, or with ``l1`` the client's L1 (a
+        zero-copy store's pages, or a remote copy's buffer, copied into the window extent)."""
         length = submission.data_bytes
 
         def put() -> Outcome:

@@ -7,8 +7,10 @@ completion doorbell (eventfds), and, when ``Welcome.presence_slots`` is not 0, a
 the tenant's presence table (adp_wire/presence.py), from which the client answers EXISTS itself.
 A client whose L1 lies in a shared-memory segment sends that segment's fd with its hello
 (``l1_bytes`` says its size); ``Welcome.l1_attached`` says whether the gateway took it for
-zero-copy ops. After that the socket carries nothing; it stays open so each
-side sees the other die (EOF).
+zero-copy ops. A client whose L1 is private memory may instead let the gateway copy its stores
+out of it (``remote_probe``: where the gateway reads ``remote_token`` to check that the kernel
+lets it; ``Welcome.remote_copy`` says whether it does). After that the socket carries nothing;
+it stays open so each side sees the other die (EOF).
 
 Everything here parses untrusted bytes: any malformed input raises ``ProtocolError``.
 """
@@ -28,13 +30,15 @@ import msgpack
 from adp_wire.errors import HandshakeRefused, ProtocolError
 from adp_wire.ring.layout import align_up
 
-PROTOCOL_VERSION = 6  # 5: the gateway takes a zero-copy store's checksums; 6: no fragment_bytes
+# 5: the gateway takes a zero-copy store's checksums; 6: no fragment_bytes; 7: remote copy
+PROTOCOL_VERSION = 7
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
 KEYS_PER_REQUEST_MAX = 4096
 _FRAME_HEADER = struct.Struct("<I")
-GIVEN_UP_BYTES = 8  # a zero-copy store's given-up word, in its arena after its keys
+GIVEN_UP_BYTES = 8  # a store read from L1: its given-up word, in its arena after its keys
+SOURCE_BYTES = 8  # a remote-copy store: its buffer's address in the client, after that word
 
 
 def default_socket_path() -> str:
@@ -77,6 +81,8 @@ class Hello:
     client: str = ""
     protocol: int = PROTOCOL_VERSION
     l1_bytes: int = 0  # the size of the L1 segment whose fd comes with the hello; 0: none
+    remote_probe: int = 0  # an address in the client holding remote_token; 0: no remote copy
+    remote_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Welcome:
     object_bytes_max: int
     l1_attached: int = 0  # 1 when the gateway mapped the client's L1 segment
     presence_slots: int = 0  # the cells of the tenant's presence table, whose fd comes 4th; 0: none
+    remote_copy: int = 0  # 1 when the gateway copies stores out of the client's memory itself
 
 
 def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -164,10 +171,11 @@ def parse_hello(body: dict[str, Any]) -> Hello:
         raise ProtocolError("token must be a string")
     if not isinstance(client, str):
         raise ProtocolError("client must be a string")
-    l1_bytes = body.get("l1_bytes", 0)
-    if type(l1_bytes) is not int or l1_bytes < 0:
-        raise ProtocolError("l1_bytes must be an integer >= 0")
-    return Hello(tenant=tenant, token=token, client=client[:256], l1_bytes=l1_bytes)
+    numbers = {name: body.get(name, 0) for name in ("l1_bytes", "remote_probe", "remote_token")}
+    for name, value in numbers.items():
+        if type(value) is not int or not 0 <= value < 2**64:
+            raise ProtocolError(f"{name} must be an integer from 0 to 2**64 - 1")
+    return Hello(tenant=tenant, token=token, client=client[:256], **numbers)
 
 
 def hello_body(hello: Hello) -> dict[str, Any]:
@@ -177,6 +185,8 @@ def hello_body(hello: Hello) -> dict[str, Any]:
         "token": hello.token,
         "client": hello.client,
         "l1_bytes": hello.l1_bytes,
+        "remote_probe": hello.remote_probe,
+        "remote_token": hello.remote_token,
     }
 
 
@@ -200,14 +210,21 @@ def parse_welcome(body: dict[str, Any]) -> Welcome:
 
 
 def given_up_span(keys_bytes: int) -> slice:
-    """Where a zero-copy store's given-up word lies in its slot's arena: after its keys, on an
-    8-byte boundary. The client posts it as zero and sets it before it reports the store failed
-    (past its deadline, or its link gone), after which LMCache may rewrite the buffer. The
-    gateway takes the store's checksums from L1 first and reads the word next: set, it gives the
-    store up; clear, the checksums are of the bytes LMCache stored, and a byte rewritten while
-    the disk still reads it can only fail its checksum (docs/design.md, "Zero-copy stores")."""
+    """Where the given-up word of a store the gateway reads from L1 (zero-copy or remote copy)
+    lies in its slot's arena: after its keys, on an 8-byte boundary. The client posts it as
+    zero and sets it before it reports the store failed (past its deadline, or its link gone),
+    after which LMCache may rewrite the buffer. The gateway reads L1 first (a zero-copy store's
+    checksums, a remote copy's bytes) and the word next: set, it gives the store up; clear, it
+    read the bytes LMCache stored (docs/design.md, "Zero-copy stores", "Remote copy")."""
     at = align_up(keys_bytes, GIVEN_UP_BYTES)
     return slice(at, at + GIVEN_UP_BYTES)
+
+
+def source_span(keys_bytes: int) -> slice:
+    """Where a remote-copy store's buffer address (u64, little-endian) lies in its arena: after
+    its given-up word."""
+    at = given_up_span(keys_bytes).stop
+    return slice(at, at + SOURCE_BYTES)
 
 
 def encode_keys(keys: list[str]) -> bytes:

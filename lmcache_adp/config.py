@@ -67,6 +67,14 @@ class ADPParams(Settings):
         "stores of whole pages to the disk straight from L1 (loads always go through the "
         "transfer window)",
     )
+    remote_copy: bool = Field(
+        default=True,
+        description="when LMCache's L1 is private memory, let the gateway copy each store out "
+        "of it itself (process_vm_readv; the kernel must let the gateway read this process: "
+        "the same user, and under Yama ptrace_scope 1 the plugin names the gateway's pid with "
+        "PR_SET_PTRACER), so no store is copied inside LMCache's process; where the kernel "
+        "refuses, stores are copied here (loads always are)",
+    )
     copy_threads: int | None = Field(
         default=None,
         ge=1,

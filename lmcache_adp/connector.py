@@ -37,7 +37,7 @@ from adp_wire.protocol import Hello, Op
 from adp_wire.threads import NamedThread
 from adp_wire.tokens import read_token
 from adp_wire.trace import Stage, mark
-from lmcache_adp import config, l1, trust
+from lmcache_adp import config, l1, remote, trust
 from lmcache_adp.batch import Batch
 from lmcache_adp.ioloop import IOLoop
 from lmcache_adp.link import GatewayLink
@@ -62,6 +62,7 @@ class ADPConnector:
         self._state = ""  # the link's last reported state, logged once per change
         self._shared = Shared(self._params)
         self._future_ids = itertools.count(1)
+        self._probe = remote.Probe() if self._params.remote_copy else None
         self._first_attempt = threading.Event()
         self._shared.want_link.set()
         self._io = IOLoop(self._shared)
@@ -191,7 +192,9 @@ class ADPConnector:
         path = config.socket_path(self._params)
         trusted = trust.trusted_uids(self._params.gateway_uids)
         try:
-            link = GatewayLink.connect(path, self._hello, HANDSHAKE_TIMEOUT_S, trusted, segment)
+            link = GatewayLink.connect(
+                path, self._hello, HANDSHAKE_TIMEOUT_S, trusted, segment, self._probe
+            )
         except (UntrustedGateway, UnsupportedHost) as exc:
             self._report_state(
                 "untrusted",
@@ -215,10 +218,18 @@ class ADPConnector:
                 f"{path}`, or set the adapter's socket_path to the gateway's --socket",
             )
             return False
-        stores = "zero-copy stores from L1" if link.l1 is not None else "copy path"
-        if self._params.zero_copy and segment is None:
-            stores += ": L1 is private memory; `lmcache server --shm-name NAME --no-l1-use-lazy`"
-            stores += " (configs/lmcache-server.sh) keeps the stores' copies out of LMCache"
+        if link.l1 is not None:
+            stores = "zero-copy stores from L1"
+        elif link.remote:
+            stores = "the gateway copies stores out of L1 itself (remote copy)"
+        else:
+            stores = "copy path"
+            if self._params.zero_copy and segment is None:
+                stores += ": L1 is private memory"
+                if self._params.remote_copy:
+                    stores += " and the gateway may not read this process (remote copy)"
+                stores += "; `lmcache server --shm-name NAME --no-l1-use-lazy` "
+                stores += "(configs/lmcache-server.sh) keeps the stores' copies out of LMCache"
         self._report_state(
             "connected",
             logging.INFO,

@@ -80,7 +80,7 @@ class IOLoop:
         self._copier.close()
         self._run_calls()
         link = self._link
-        if link is not None and any(r.l1_offset is not None for r in link.inflight.values()):
+        if link is not None and any(link.reads_l1(r) for r in link.inflight.values()):
             link.shutdown()
             if not link.wait_closed(self._shared.params.op_timeout_s):
                 log.warning("the gateway did not let go of L1 in time; closing anyway")
@@ -163,7 +163,7 @@ class IOLoop:
                 if lane == Lane.STORE:
                     if not self._store_posts_left:
                         break  # the next step's turn
-                    request.l1_offset = link.zero_copy_offset(request)
+                    link.place_store(request)
                 if not link.try_reserve(request, slots_max, window_bytes_max):
                     break
                 self._lanes.pop(lane)
@@ -182,12 +182,12 @@ class IOLoop:
         mark(Stage.SEND, batch.future_id)
         self._posted = True
 
-    # Stores: L1 -> window on the copier (zero-copy: nothing), then the ring ------------------
+    # Stores: L1 -> window on the copier (zero-copy, remote copy: nothing), then the ring -----
 
     def _prepare_store(self, link: GatewayLink, request: Request) -> None:
         batch = request.batch
         assert batch.buffers is not None
-        if request.l1_offset is not None:  # the gateway reads L1 itself
+        if link.reads_l1(request):  # the gateway reads L1 itself
             self._preparing.append(request)
             self._store_ready(request, True)
             return

@@ -31,7 +31,7 @@ class L1Map:
         on a page (what O_DIRECT needs); None otherwise (the copy path)."""
         if not buffer.nbytes:
             return None
-        offset = _address_of(buffer) - self.start
+        offset = address_of(buffer) - self.start
         if offset % PAGE_BYTES or offset < 0 or offset + buffer.nbytes > self.size:
             return None
         return offset
@@ -41,9 +41,9 @@ class L1Map:
         return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _address_of(buffer: memoryview) -> int:
+def address_of(buffer: memoryview) -> int:
     """Where ``buffer`` starts in this process. ctypes takes a third of numpy's time (``.ctypes``
-    builds an object per call), and this runs on each zero-copy store's post."""
+    builds an object per call), and this runs on each store's post."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
     except TypeError:  # read-only: ctypes will not take it

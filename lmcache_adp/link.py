@@ -28,10 +28,12 @@ from adp_wire.protocol import (
     parse_welcome,
     recv_frame,
     send_frame,
+    source_span,
 )
 from adp_wire.ring import doorbell
 from adp_wire.ring.layout import (
     FLAG_L1,
+    FLAG_REMOTE,
     LOOKUPS,
     PAGE_BYTES,
     UNTAKEN,
@@ -42,9 +44,9 @@ from adp_wire.ring.layout import (
     map_shared,
 )
 from adp_wire.ring.queue import check_host, completion_consumer, submission_producer
-from lmcache_adp import trust
+from lmcache_adp import remote, trust
 from lmcache_adp.batch import Batch
-from lmcache_adp.l1 import L1Map
+from lmcache_adp.l1 import L1Map, address_of
 from lmcache_adp.lookups import LocalLookups
 from lmcache_adp.window import WindowAllocator
 
@@ -62,6 +64,7 @@ class Request:
     slot: int = -1
     data_offset: int = -1  # into the window; or into the L1 segment when l1_offset is set
     l1_offset: int | None = None  # a zero-copy store: the buffer's offset in the L1 segment
+    source: int | None = None  # a remote-copy store: the buffer's address in this process
     link: GatewayLink | None = None  # the link holding its slot, from reserve to release
     prepared: bool | None = None  # a store ready to post: whether its copy succeeded
 
@@ -100,6 +103,7 @@ class GatewayLink:
             for fd in fds[3:]:  # the presence table's: its mapping keeps the table
                 os.close(fd)
         self.l1: L1Map | None = None  # set by connect when the gateway took our L1 segment
+        self.remote = bool(welcome.remote_copy)  # the gateway copies stores out of our memory
         self._free_slots = list(range(welcome.slots - 1, -1, -1))
         self.allocator = WindowAllocator(welcome.window_bytes)
         self.inflight: dict[int, Request] = {}  # op_id -> request
@@ -114,10 +118,12 @@ class GatewayLink:
         timeout_s: float,
         trusted: frozenset[int],
         l1: L1Map | None = None,
+        probe: remote.Probe | None = None,
     ) -> GatewayLink:
         """Handshake with the gateway at ``path``, once it proves to be a trusted user's
         (lmcache_adp/trust.py; nothing is sent before); with ``l1``, offer it a read-only fd of
-        our L1 segment for zero-copy stores. Raises UntrustedGateway, HandshakeRefused,
+        our L1 segment for zero-copy stores, or else with ``probe`` let it copy stores out of
+        our memory (lmcache_adp/remote.py). Raises UntrustedGateway, HandshakeRefused,
         ProtocolError or OSError."""
         check_host()
         trust.check_socket_directory(path, trusted)
@@ -125,8 +131,11 @@ class GatewayLink:
         try:
             sock.settimeout(timeout_s)
             sock.connect(path)
-            trust.check_peer(sock, path, trusted)
+            gateway_pid = trust.check_peer(sock, path, trusted)
             if l1 is None:
+                if probe is not None:
+                    remote.let_read_by(gateway_pid)
+                    hello = replace(hello, remote_probe=probe.address, remote_token=probe.token)
                 send_frame(sock, hello_body(hello))
             else:
                 segment = l1.open()
@@ -192,19 +201,25 @@ class GatewayLink:
         self._held_bytes[op] += data_bytes
         return True
 
-    def zero_copy_offset(self, request: Request) -> int | None:
-        """The L1 offset of a store's buffer when the gateway can write it straight from L1,
-        else None (the copy path). Only objects of whole pages qualify, so no byte of L1 beyond
-        the object ever reaches the disk; and the given-up word must fit the slot's arena."""
+    def place_store(self, request: Request) -> None:
+        """Decide how the gateway reads a store: straight from our L1 segment (zero-copy:
+        ``l1_offset``), out of our memory into the window (remote copy: ``source``), or from
+        the window once our copier has filled it (neither)."""
         buffers = request.batch.buffers
-        if self.l1 is None or buffers is None:
-            return None
+        assert buffers is not None
+        request.l1_offset = request.source = None
+        if source_span(len(request.payload)).stop > self.welcome.arena_bytes:
+            return  # no room for the given-up word and the address in the slot's arena
         buffer = buffers[request.first]
-        if buffer.nbytes % PAGE_BYTES:
-            return None
-        if given_up_span(len(request.payload)).stop > self.welcome.arena_bytes:
-            return None
-        return self.l1.offset_of(buffer)
+        if self.l1 is not None and not buffer.nbytes % PAGE_BYTES:
+            # Only objects of whole pages: no byte of L1 beyond the object reaches the disk.
+            request.l1_offset = self.l1.offset_of(buffer)
+        if request.l1_offset is None and self.remote and buffer.nbytes:
+            request.source = address_of(buffer)
+
+    def reads_l1(self, request: Request) -> bool:
+        """Whether the gateway reads this request's buffer in L1 itself."""
+        return request.l1_offset is not None or request.source is not None
 
     def extent(self, request: Request) -> memoryview:
         return self.window[request.data_offset : request.data_offset + request.data_bytes]
@@ -213,16 +228,20 @@ class GatewayLink:
         return self.layout.arena(self.memory, request.slot)
 
     def submit(self, op_id: int, request: Request, payload: bytes, deadline_ns: int) -> None:
-        """Post ``request``: its keys (``payload``) in its arena, and for a zero-copy store its
-        given-up word, clear."""
+        """Post ``request``: its keys (``payload``) in its arena, and for a store the gateway
+        reads from L1 its given-up word, clear (and a remote copy's buffer address)."""
         arena = self.arena(request)
         arena[: len(payload)] = payload
-        if request.l1_offset is not None:
+        flags = 0
+        if self.reads_l1(request):
             arena[given_up_span(len(payload))] = bytes(GIVEN_UP_BYTES)
+            flags = FLAG_L1 if request.l1_offset is not None else FLAG_REMOTE
+        if request.source is not None:
+            arena[source_span(len(payload))] = request.source.to_bytes(8, "little")
         entry = Submission(
             op_id,
             request.op,
-            0 if request.l1_offset is None else FLAG_L1,
+            flags,
             0,
             request.slot,
             len(payload),
@@ -250,9 +269,10 @@ class GatewayLink:
         return out
 
     def give_up(self, request: Request) -> None:
-        """Before a zero-copy store in flight is reported failed: tell the gateway, through its
-        given-up word, that LMCache may rewrite the buffer from now on (adp_wire/protocol.py)."""
-        if request.l1_offset is not None and request.link is self:
+        """Before a store the gateway reads from L1 is reported failed: tell the gateway,
+        through its given-up word, that LMCache may rewrite the buffer from now on
+        (adp_wire/protocol.py)."""
+        if self.reads_l1(request) and request.link is self:
             self.arena(request)[given_up_span(len(request.payload))] = b"\xff" * GIVEN_UP_BYTES
 
     def release(self, request: Request) -> None:

@@ -65,8 +65,8 @@ def check_socket_directory(socket_path: str, trusted: frozenset[int]) -> None:
         path = parent
 
 
-def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -> None:
-    """The uid of the process listening on ``sock`` must be trusted."""
+def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -> int:
+    """The uid of the process listening on ``sock`` must be trusted; returns its pid."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     pid, uid, _ = _PEERCRED.unpack(creds)
     if uid not in trusted:
@@ -74,6 +74,7 @@ def check_peer(sock: socket.socket, socket_path: str, trusted: frozenset[int]) -
             f"the process listening on {socket_path} (pid {pid}) runs as uid {uid}, not as a "
             f"trusted user ({_names(trusted)}): {FIX}"
         )
+    return int(pid)
 
 
 def _names(uids: frozenset[int]) -> str:

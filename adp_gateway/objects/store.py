@@ -31,11 +31,18 @@ from adp_wire.ring.layout import align_up
 Load = tuple[str, memoryview, int]  # key, the extent to read into, object bytes
 
 
-class ZeroCopy(Protocol):
-    """A zero-copy store's object in the client's L1 (adp_gateway/extents.py, ``L1Object``)."""
+class FromL1(Protocol):
+    """A store the gateway reads out of the client's L1 itself (adp_gateway/extents.py): a
+    zero-copy store's pages (``L1Object``), or a remote copy's buffer (``RemoteObject``)."""
 
-    def checksum(self, offset: int, length: int) -> int:
-        """The payload checksum of the object's ``length`` bytes at ``offset``."""
+    @property
+    def written_from_l1(self) -> bool:
+        """Whether the card writes the object from L1 itself (else from the extent)."""
+        ...
+
+    def checksums(self, extent: memoryview, spans: list[tuple[int, int]]) -> list[int]:
+        """The payload checksum of each ``(offset, length)`` span of the object, in order; a
+        remote copy first copies the object into ``extent``."""
         ...
 
     def given_up(self) -> bool:
@@ -107,19 +114,20 @@ class ObjectStore:
         key: str,
         extent: memoryview,
         object_bytes: int,
-        l1: ZeroCopy | None = None,
+        l1: FromL1 | None = None,
     ) -> None:
         """Persist ``extent[:object_bytes]``; ``extent`` is page aligned and padded to 4 KiB.
 
-        With ``l1``, ``extent`` is the client's L1 (a zero-copy store), never read, written or
-        padded here: the payload checksums come from ``l1`` first, then ``l1.given_up()`` says
-        whether the client has given the store up, in which case this raises StoreGivenUp and
-        writes nothing. Otherwise the checksums are of the bytes the client stored, and the card
-        writes them; ``l1.given_up()`` is asked again once it has, and a store given up by then
-        (LMCache may have rewritten the buffer while the card read it) is deleted unpublished,
-        with StoreGivenUp. So no version whose bytes may have changed under its write is ever
-        found; were one found (a crash between the write and the delete), its first load would
-        fail the checksums and drop it.
+        With ``l1`` the gateway reads the object out of the client's L1 itself. Its payload
+        checksums come from ``l1`` first (a remote copy fills ``extent`` on the way), then
+        ``l1.given_up()`` says whether the client has given the store up, in which case this
+        raises StoreGivenUp and writes nothing. Otherwise the checksums are of the bytes the
+        client stored. A zero-copy store's ``extent`` is L1 itself, never written or padded
+        here, and the card reads it as it writes: ``l1.given_up()`` is asked again once it
+        has, and a store given up by then (LMCache may have rewritten the buffer while the card
+        read it) is deleted unpublished, with StoreGivenUp. So no version whose bytes may have
+        changed under its write is ever found; were one found (a crash between the write and
+        the delete), its first load would fail the checksums and drop it.
 
         An object already stored with the same length is not written again: keys name content
         (LMCache's chunk hashes), so the bytes are the same. Raises StorageError, with nothing
@@ -133,12 +141,15 @@ class ObjectStore:
             self._drop(tenant, [(key, current)])  # before the new version: it never returns
         plan = self.fragment_plan(tenant, key, object_bytes)
         checksums: list[int | None] = [None] * len(plan)  # taken by the card as it writes
-        if l1 is None:
-            extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
-        else:
-            checksums = [l1.checksum(f.offset, f.length) for f in plan]
+        if l1 is not None:
+            spans = sorted((f.offset, f.length, f.number) for f in plan)
+            taken = l1.checksums(extent, [(offset, length) for offset, length, _ in spans])
+            for (_, _, number), value in zip(spans, taken, strict=True):
+                checksums[number] = value
             if l1.given_up():
                 raise StoreGivenUp(f"the client gave the store of {tenant}/{key} up")
+        if l1 is None or not l1.written_from_l1:
+            extent[object_bytes:] = bytes(len(extent) - object_bytes)  # no stray bytes on disk
         version = Version(self._catalog.next_number(), object_bytes, self.fragment_bytes, len(plan))
         values = [
             Value(
@@ -151,7 +162,7 @@ class ObjectStore:
             for f in plan
         ]
         self.card.put(tenant, values)
-        if l1 is not None and l1.given_up():
+        if l1 is not None and l1.written_from_l1 and l1.given_up():
             self.card.delete(tenant, version.names(key))
             raise StoreGivenUp(
                 f"the client gave the store of {tenant}/{key} up while it was written"

@@ -48,6 +48,7 @@ UNTAKEN = 336  # u64 stores, u64 bytes: LMCache's stores reported not stored (th
 SUBMISSION = struct.Struct("<QBBHIIIQQQ16x")
 COMPLETION = struct.Struct("<QIBBHIIQ")
 FLAG_L1 = 1  # Submission.flags, SET only: data_offset is an offset into the client's L1 segment
+FLAG_REMOTE = 2  # SET only: the gateway copies the object into the window from the client's memory
 
 
 class Submission(NamedTuple):
@@ -59,7 +60,7 @@ class Submission(NamedTuple):
     request_bytes: int
     reserved2: int
     deadline_ns: int  # CLOCK_MONOTONIC, shared by all processes of the host
-    data_offset: int  # into the window, or into the L1 segment with FLAG_L1
+    data_offset: int  # into the window (FLAG_REMOTE: where the gateway copies it), or into L1
     data_bytes: int  # the object's logical length
 
 

@@ -140,14 +140,19 @@ def test_whole_page_stores_go_from_shared_l1_to_disk_and_every_load_through_the_
 def test_the_plugin_says_which_path_its_stores_take_and_how_to_make_them_zero_copy(
     gateway: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """LMCache started without --shm-name: the connected line says so and how to change it; not
-    when zero_copy is turned off on purpose, nor when L1 is in shared memory."""
+    """LMCache started without --shm-name: the gateway copies the stores out of its memory
+    (test_remote_copy.py); with that off, the connected line says the stores take the copy path
+    and how to change it; not when zero_copy is turned off on purpose, nor when L1 is in shared
+    memory."""
     caplog.set_level(logging.INFO, logger="lmcache_adp")
     hint = "copy path: L1 is private memory; `lmcache server --shm-name NAME --no-l1-use-lazy`"
     plugin(gateway).close()  # no L1 segment is mapped in this process
+    assert "(remote copy)" in caplog.text and hint not in caplog.text
+    caplog.clear()
+    plugin(gateway, remote_copy=False).close()
     assert hint in caplog.text
     caplog.clear()
-    plugin(gateway, zero_copy=False).close()
+    plugin(gateway, zero_copy=False, remote_copy=False).close()
     assert "copy path)" in caplog.text and hint not in caplog.text
     caplog.clear()
     segment = SharedL1(2**20)

@@ -10,7 +10,9 @@ It is ``adp-gateway serve`` with each database's device wrapped in a FaultyDevic
     {"database": 0, "fail": "read", "errno": 5, "count": 3}   the next 3 reads raise EIO
     {"database": 1, "delay_s": 3.0}                           every I/O first sleeps 3 s
     {"checksum_delay_s": 2.0}                                 a zero-copy store's checksums
-                                                              of L1 each first sleep 2 s
+                                                              of L1, and a remote copy out
+                                                              of the client, each first
+                                                              sleep 2 s
     {"clear": true}                                           no more failures or delays
 
 A delayed I/O is logged as ``database N: holding a read`` (or write) when it starts waiting, and
@@ -34,6 +36,7 @@ from adp_gateway.__main__ import parser, serve_until_stopped
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.l1 import L1Segment
+from adp_gateway.remote import ClientProcess
 from tests.support import Gateway, wait_until
 
 log = logging.getLogger("faulty_gateway")
@@ -61,20 +64,32 @@ class LoggedFaultyDevice(FaultyDevice):
 
 class SlowChecksums:
     """Wraps ``L1Segment.checksum`` (a zero-copy store's checksums, taken from the client's
-    L1): each first sleeps ``delay_s`` when told to."""
+    L1) and ``ClientProcess.checksums`` (a remote copy, copied and hashed out of the client's
+    memory): each first sleeps ``delay_s`` when told to."""
 
     def __init__(self) -> None:
         self.delay_s = 0.0
         self._checksum = L1Segment.checksum
+        self._copy = ClientProcess.checksums
 
     def install(self) -> None:
         def checksum(segment: L1Segment, offset: int, length: int) -> int:
-            if self.delay_s:
-                log.info("holding a checksum for %.1f s", self.delay_s)
-                time.sleep(self.delay_s)
+            self._hold()
             return self._checksum(segment, offset, length)
 
+        def copy(
+            process: ClientProcess, address: int, into: memoryview, spans: list[tuple[int, int]]
+        ) -> list[int]:
+            self._hold()
+            return self._copy(process, address, into, spans)
+
         L1Segment.checksum = checksum  # type: ignore[method-assign]
+        ClientProcess.checksums = copy  # type: ignore[method-assign]
+
+    def _hold(self) -> None:
+        if self.delay_s:
+            log.info("holding a checksum for %.1f s", self.delay_s)
+            time.sleep(self.delay_s)
 
 
 CHECKSUMS = SlowChecksums()

@@ -231,10 +231,14 @@ HANDSHAKE_FIELDS = (
     "tenant",
     "token",
     "client",
+    "l1_bytes",
+    "remote_probe",
+    "remote_token",
     "ok",
     "error",
     *Welcome.__annotations__,
 )
+HELLO_NUMBERS = ("l1_bytes", "remote_probe", "remote_token")  # ints in [0, 2**64) when present
 
 
 def handshake_field(src: Source, name: str) -> Any:
@@ -256,6 +260,8 @@ VALID_HELLO: dict[str, Any] = {
     "tenant": "t",
     "token": None,
     "client": "c",
+    "remote_probe": 2**40,
+    "remote_token": U64 - 1,
 }
 VALID_WELCOME: dict[str, Any] = {
     "ok": True,
@@ -266,6 +272,7 @@ VALID_WELCOME: dict[str, Any] = {
     "object_bytes_max": 2**20,
     "l1_attached": 0,
     "presence_slots": 0,
+    "remote_copy": 0,
 }
 
 
@@ -415,6 +422,7 @@ def wire_body(src: Source, like: dict[str, Any]) -> dict[str, Any]:
 def check_hello(body: dict[str, Any]) -> None:
     version, tenant, token = body.get("protocol"), body.get("tenant"), body.get("token")
     client = body.get("client", "")
+    numbers = {name: body.get(name, 0) for name in HELLO_NUMBERS}
     valid = (
         type(version) is int
         and version == PROTOCOL_VERSION
@@ -422,16 +430,18 @@ def check_hello(body: dict[str, Any]) -> None:
         and 0 < len(tenant.encode()) <= TENANT_BYTES_MAX
         and (token is None or isinstance(token, str))
         and isinstance(client, str)
+        and all(type(v) is int and 0 <= v < 2**64 for v in numbers.values())
     )
     hello = verdict(lambda: protocol.parse_hello(body), valid, f"parse_hello of {body!r}")
     if hello is not None:
-        assert hello == Hello(tenant, token, client[:256]), hello
+        assert hello == Hello(tenant, token, client[:256], **numbers), hello
 
 
 @target
 def target_hello(src: Source) -> None:
-    """parse_hello: a Hello exactly when the map is a valid hello (protocol the int 1, tenant of
-    1..64 bytes, token None or a string, client a string), else ProtocolError; nothing else."""
+    """parse_hello: a Hello exactly when the map is a valid hello (protocol the current int,
+    tenant of 1..64 bytes, token None or a string, client a string, l1_bytes, remote_probe and
+    remote_token ints in [0, 2**64) when present), else ProtocolError; nothing else."""
     check_hello(wire_body(src, VALID_HELLO))
 
 

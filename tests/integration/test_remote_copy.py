@@ -1,0 +1,158 @@
+"""Goal: when LMCache's L1 is private memory, the gateway copies each store out of it itself
+(remote copy, adp_gateway/remote.py), so no store is copied inside LMCache's process, and both
+of LMCache's promises hold: no op outlives its deadline, and a store LMCache gave up and reused
+is never written. The gateway only reads the client; loads land in the window and are copied
+into L1 by the plugin.
+
+The plugin runs in this process, with its buffers in this process's private memory as LMCache's
+L1 is; the gateway is a real process (with a slow copy on command where the test needs one). The
+last test runs a real `lmcache server` as LMCache's docs launch it (no --shm-name).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lmcache_adp import ADPConnector
+from tests.support import (
+    Gateway,
+    LMCacheServer,
+    store_then_load_from_l2,
+    wait_for_future,
+    wait_until,
+)
+from tests.support.faulty_gateway import FaultyGateway
+from tests.support.plugin import connected, keyed_objects
+
+pytestmark = pytest.mark.integration
+OP_TIMEOUT_S = 1.0
+GRACE_S = 0.5  # the copy in progress at a deadline, and scheduling on a loaded two-core machine
+
+
+@pytest.fixture
+def slow(workdir: Path) -> Iterator[FaultyGateway]:
+    config = workdir / "gateway.yaml"
+    config.write_text("region_size: 8MiB\nfragment_size: 1MiB\ndatabases_per_dir: 2\n")
+    gateway = FaultyGateway(workdir, "256MiB", "--config", str(config))
+    yield gateway.start()  # type: ignore[misc]
+    gateway.kill()
+
+
+def plugin(gateway: Gateway, **params: object) -> ADPConnector:
+    connector = ADPConnector(**gateway.adapter_params(**params))
+    connected(connector)
+    return connector
+
+
+def run(connector: ADPConnector, future_id: int) -> tuple[bool, list[bool]]:
+    item = wait_for_future(connector, future_id, timeout_s=60)
+    return bool(item[1]), list(item[3])
+
+
+def stores_copied_by_the_gateway(gateway: Gateway, session: int = 1) -> tuple[int, int]:
+    """A closed session's stores, and those the gateway copied out of the client itself."""
+    pattern = re.compile(
+        rf"session {session} \(.*closed: .*?(\d+) stores .*?(\d+) copied by the gateway"
+    )
+    wait_until(lambda: pattern.search(gateway.log()) is not None, 10, "the session summary")
+    found = pattern.search(gateway.log())
+    assert found is not None
+    stores, copied = map(int, found.groups())
+    return stores, copied
+
+
+def test_stores_from_private_memory_are_copied_by_the_gateway_and_load_back_exact(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Objects of any length (an odd one too: the gateway pads it, not the plugin) are read
+    out of this process by the gateway and come back byte-exact; the plugin's connected line
+    and the gateway's say which path the stores take."""
+    caplog.set_level(logging.INFO, logger="lmcache_adp")
+    batch = keyed_objects(21, 3, 3 * 2**20 + 17)
+    connector = plugin(gateway)
+    values = [bytearray(v) for v in batch.values()]
+    assert run(connector, connector.submit_batch_set(list(batch), list(map(memoryview, values))))
+    for value in values:  # LMCache reuses the buffers once the store is reported
+        value[:] = bytes(len(value))
+    into = [bytearray(len(v)) for v in batch.values()]
+    found = run(connector, connector.submit_batch_get(list(batch), list(map(memoryview, into))))
+    assert found == (True, [True] * 3)
+    assert [bytes(b) for b in into] == list(batch.values())
+    connector.close()
+    assert stores_copied_by_the_gateway(gateway) == (3, 3)
+    assert "(remote copy from its memory)" in gateway.log()
+    assert "the gateway copies stores out of L1 itself (remote copy)" in caplog.text
+
+
+def test_with_remote_copy_off_the_plugin_copies_its_stores(gateway: Gateway) -> None:
+    batch = keyed_objects(22, 2, 2**20)
+    connector = plugin(gateway, remote_copy=False)
+    buffers = [memoryview(bytearray(v)) for v in batch.values()]
+    assert run(connector, connector.submit_batch_set(list(batch), buffers))[0]
+    connector.close()
+    assert stores_copied_by_the_gateway(gateway) == (2, 0)
+
+
+def test_a_store_given_up_while_the_gateway_copies_it_is_never_written(
+    slow: FaultyGateway,
+) -> None:
+    """The gateway starts the copy in time and is still copying when the deadline passes: the
+    plugin sets the store's given-up word and reports it failed on time, and LMCache rewrites
+    the buffer at once. The gateway finds the word set after its copy and writes nothing."""
+    batch = keyed_objects(23, 1, 2**20)
+    connector = plugin(slow, op_timeout_s=OP_TIMEOUT_S)
+    slow.inject(checksum_delay_s=OP_TIMEOUT_S + 1.0)
+    buffer = bytearray(next(iter(batch.values())))
+    mark = len(slow.log())
+    started = time.monotonic()
+    assert run(connector, connector.submit_batch_set(list(batch), [memoryview(buffer)]))[0] is False
+    assert time.monotonic() - started < OP_TIMEOUT_S + GRACE_S
+    assert "holding a checksum" in slow.log()[mark:]
+    buffer[:] = bytes([0x5A]) * len(buffer)
+    wait_until(lambda: "gave the store of" in slow.log()[mark:], 10, "the store given up")
+    slow.inject(clear=True)
+    assert run(connector, connector.submit_batch_exists(list(batch)))[1] == [False]
+    into = bytearray(len(buffer))
+    assert run(connector, connector.submit_batch_get(list(batch), [memoryview(into)]))[1] == [False]
+    connector.close()
+
+
+def test_ops_settle_on_time_with_the_gateway_stopped_mid_copy(slow: FaultyGateway) -> None:
+    """A gateway stopped while it copies a store out of this process costs that store its
+    deadline, no more; once it runs again it writes nothing LMCache has reused."""
+    batch = keyed_objects(24, 1, 2**20)
+    connector = plugin(slow, op_timeout_s=OP_TIMEOUT_S)
+    slow.inject(checksum_delay_s=0.3)
+    buffer = bytearray(next(iter(batch.values())))
+    mark = len(slow.log())
+    started = time.monotonic()
+    future_id = connector.submit_batch_set(list(batch), [memoryview(buffer)])
+    wait_until(lambda: "holding a checksum" in slow.log()[mark:], 10, "the gateway in the copy")
+    slow.send_signal(signal.SIGSTOP)
+    try:
+        assert run(connector, future_id)[0] is False
+        assert time.monotonic() - started < OP_TIMEOUT_S + GRACE_S
+        buffer[:] = bytes([0x5A]) * len(buffer)  # LMCache reuses it at once
+    finally:
+        slow.send_signal(signal.SIGCONT)
+    wait_until(lambda: "gave the store of" in slow.log()[mark:], 10, "the store given up")
+    slow.inject(clear=True)
+    assert run(connector, connector.submit_batch_exists(list(batch)))[1] == [False]
+    connector.close()
+
+
+def test_lmcache_server_with_private_l1_has_the_gateway_copy_its_stores(
+    gateway: Gateway, make_server: Callable[..., LMCacheServer]
+) -> None:
+    server = make_server(gateway.l2_adapter_json()).start()  # no --shm-name: private L1
+    store_then_load_from_l2(server, seed=5, chunks="4")
+    server.stop()
+    stores, copied = stores_copied_by_the_gateway(gateway)
+    assert stores == copied == 4
