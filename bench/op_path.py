@@ -11,6 +11,13 @@ length, and how long the device was busy for the batch (the union of its calls).
     python -m bench.op_path --dir /tmp/op --sizes-kb 256,4096,32768 --keys 8 \
         --out bench/results/op-path
 
+Beside each cell, the CPU seconds per GB of each role of the plugin (this process: the link's
+thread ``adp-io``, the copy threads ``adp-copy``) and of the gateway (its I/O threads ``io``, the
+session's thread, ...), from their threads' own counters (bench/thread_cpu.py): what sizes a host
+for a drive (docs/operations.md, "Sizing"). Stores take the path LMCache's private L1 takes:
+the gateway copies them out of this process itself where the kernel lets it (remote copy), else
+the plugin copies them (``--copy-path`` forces that).
+
 The disk's floor (bench/floor.py: fio, or dd, and a Python probe at the gateway's own shapes and
 at the disk's best) runs first, in the same invocation, and each cell's MB/s stands beside it.
 Huge pages matter to the device calls (docs/operations.md, "Huge pages"): the table records the
@@ -36,7 +43,7 @@ from adp_gateway import hugepages
 from adp_wire import trace
 from adp_wire.trace import Stage, Stamp
 from bench import floor as disk_floor
-from bench import gateways
+from bench import gateways, thread_cpu
 from bench.machine import machine
 from bench.plugin import connect, object_keys, wait_connected
 from tests.support import Gateway, wait_for_future
@@ -65,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches-max", type=int, default=200)
     parser.add_argument("--floor-gib", type=float, default=1.0, help="the file the floor moves")
     parser.add_argument("--out", type=Path, default=Path("bench/results/op-path"))
+    parser.add_argument(
+        "--copy-path", action="store_true", help="the plugin copies stores (no remote copy)"
+    )
     args = parser.parse_args(argv)
 
     results: dict[str, Any] = {
@@ -72,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(args.dir),
         "shmem_huge_pages": hugepages.shmem_setting(),
         "keys": args.keys,
+        "copy_path": args.copy_path,
         "cells": [],
     }
     sizes = [int(s) * 1024 for s in args.sizes_kb.split(",")]
     results["floor"] = disk_floor.floors(args.dir / "floor", sizes, int(args.floor_gib * 2**30))
     for size_kb in (size // 1024 for size in sizes):
         batches = max(3, min(args.batches_max, args.phase_mib * 1024 // (size_kb * args.keys)))
-        results["cells"].extend(run_size(args.dir, size_kb * 1024, args.keys, batches))
+        cells = run_size(args.dir, size_kb * 1024, args.keys, batches, not args.copy_path)
+        results["cells"].extend(cells)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(report(results))
@@ -86,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_size(root: Path, object_bytes: int, keys: int, batches: int) -> list[dict[str, Any]]:
+def run_size(
+    root: Path, object_bytes: int, keys: int, batches: int, remote_copy: bool
+) -> list[dict[str, Any]]:
     """Store then load ``batches`` batches of ``keys`` objects; one cell per op."""
     work = root / f"{object_bytes // 1024}k"
     shutil.rmtree(work, ignore_errors=True)
@@ -97,15 +111,20 @@ def run_size(root: Path, object_bytes: int, keys: int, batches: int) -> list[dic
     gateway = Gateway(work, gateways.capacity_for(2 * keys * batches, object_bytes))
     try:
         gateways.start(gateway)
-        connector = connect(gateway, op_timeout_s=60.0)
+        connector = connect(gateway, op_timeout_s=60.0, remote_copy=remote_copy)
         try:
             wait_connected(connector)
             names = object_keys(keys * batches)
             rows = np.random.default_rng(0).integers(0, 256, (keys, object_bytes), dtype=np.uint8)
             buffers = [memoryview(row) for row in rows]
             trace.taken()
+            assert gateway.proc is not None
+            processes = {"plugin": os.getpid(), "gateway": gateway.proc.pid}
+            cpu = [{name: thread_cpu.by_role(pid) for name, pid in processes.items()}]
             stores = run_batches(connector, "set", names, buffers, keys)
+            cpu.append({name: thread_cpu.by_role(pid) for name, pid in processes.items()})
             loads = run_batches(connector, "get", names, buffers, keys)
+            cpu.append({name: thread_cpu.by_role(pid) for name, pid in processes.items()})
             plugin = trace.taken()
         finally:
             connector.close()
@@ -113,10 +132,17 @@ def run_size(root: Path, object_bytes: int, keys: int, batches: int) -> list[dic
         gateway.stop()
         del os.environ[trace.ENV]
     stamps = sorted(plugin + [s for f in work.glob("trace.*") for s in trace.read(f)])
-    return [
+    moved = len(names) * object_bytes
+    cells = [
         cell("store", object_bytes, keys, stores, stamps),
         cell("load", object_bytes, keys, loads, stamps),
     ]
+    for phase, one in enumerate(cells):
+        one["cpu_s_per_GB"] = {
+            name: thread_cpu.per_gb(cpu[phase][name], cpu[phase + 1][name], moved)
+            for name in cpu[0]
+        }
+    return cells
 
 
 def run_batches(
@@ -196,6 +222,20 @@ def union_ns(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+def cpu_table(cells: list[dict[str, Any]]) -> list[str]:
+    """One row per process and role; the GB/s one core of that role moves is 1 / the figure."""
+    header = [f"{c['object_kib']} KiB {c['op']}" for c in cells]
+    lines = ["| process: role | " + " | ".join(header) + " |", "|---|" + "---|" * len(cells)]
+    for process in ("plugin", "gateway"):
+        roles = sorted({r for c in cells for r in c["cpu_s_per_GB"][process]})
+        for name in roles:
+            shown = [f"{c['cpu_s_per_GB'][process].get(name, 0.0):.3f}" for c in cells]
+            lines.append(f"| {process}: {name} | " + " | ".join(shown) + " |")
+        totals = [f"{sum(c['cpu_s_per_GB'][process].values()):.3f}" for c in cells]
+        lines.append(f"| **{process}: all** | " + " | ".join(totals) + " |")
+    return lines
+
+
 def report(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
@@ -225,6 +265,8 @@ def report(results: dict[str, Any]) -> str:
             rate = figures[f"{figure}_{direction}_GBps"] * 1e3
             shown.append(f"{rate:.0f} ({c['mb_per_s'] / rate:.2f}x)")
         lines.append(f"| {label}, MB/s (ours / it) | " + " | ".join(shown) + " |")
+    lines += ["", "## CPU seconds per GB, by thread role (bench/thread_cpu.py)", ""]
+    lines += cpu_table(cells)
     lines += ["", "## The disk's floor, same run (bench/floor.py)", "", disk_floor.table(floor)]
     return "\n".join(lines) + "\n"
 
