@@ -7,6 +7,7 @@ benchmark records it and moves on.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,12 +51,33 @@ def write_config(path: Path, settings: dict[str, Any]) -> Path:
     return path
 
 
-def capacity_for(objects: int, object_bytes: int) -> str:
-    """Room for ``objects`` of ``object_bytes`` (header + padded payload) with no eviction."""
-    region = GatewayConfig().region_size
-    record = 2 * HEADER_BYTES + align_up(object_bytes)  # a header; a page for index entries
-    needed = objects * record * 5 // 4 + 4 * region  # headroom: partly filled regions
-    return f"{-(-needed // 2**20)}MiB"
+def capacity_for(objects: int, object_bytes: int, databases: int = 1) -> str:
+    """``--capacity`` for ``objects`` of ``object_bytes`` with no eviction (capacity_bytes_for)."""
+    return f"{-(-capacity_bytes_for(objects, object_bytes, databases) // 2**20)}MiB"
+
+
+def capacity_bytes_for(objects: int, object_bytes: int, databases: int = 1) -> int:
+    """Room for ``objects`` of ``object_bytes`` (header + padded payload) with no eviction, on
+    ``databases`` databases. The gateway gives each database an equal share of the capacity
+    while fragments land on databases by their key's hash (adp_wire/fragmenter.py), so with
+    several each gets room for the fullest one: the mean plus four standard deviations."""
+    defaults = GatewayConfig()
+    if databases == 1:
+        record = 2 * HEADER_BYTES + align_up(object_bytes)  # a header; a page for index entries
+        return objects * record * 5 // 4 + 4 * defaults.region_size  # partly filled regions
+    per_object = max(1, -(-object_bytes // defaults.fragment_size))
+    fragments = objects * per_object
+    mean = fragments / databases
+    fullest = min(fragments, math.ceil(mean + 4 * math.sqrt(mean)) + per_object)
+    record = 2 * HEADER_BYTES + align_up(min(object_bytes, defaults.fragment_size))
+    return (fullest * record * 5 // 4 + 4 * defaults.region_size) * databases
+
+
+def databases_of(settings: dict[str, Any]) -> int:
+    """How many databases a gateway with these settings and one data dir opens (1 when
+    ``databases_per_dir`` is not a positive number: the gateway itself then refuses it)."""
+    value = settings.get("databases_per_dir", 1)
+    return value if isinstance(value, int) and value >= 1 else 1
 
 
 def start(gateway: Gateway, module: bool = False) -> str | None:

@@ -9,7 +9,11 @@
 # (STEPS=store_start, STORE_START_ARGS) bench/store_start.py, what a store's start costs in
 # LMCache's process with the gateway stopped, and (STEPS=gil, GIL_CONTENDER) which threads
 # of LMCache's server hold the GIL during one round of lookups under load (py-spy copied into
-# .stage; bench/gil_share.py sums its samples).
+# .stage; bench/gil_share.py sums its samples), and at memory speed, each after checking that
+# /dev/shm has room: (STEPS=restore_tmpfs, RESTORE_TMPFS_ARGS) the long restore with the gateway's
+# databases and fs_native on /dev/shm and LMCache alone (--ram-l2 /dev/shm/adp-h200-ram), and
+# (STEPS=matrix_tmpfs, MATRIX_TMPFS_ARGS) bench/matrix.py with every contender on /dev/shm and
+# LMCache alone (--ram-l2).
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
 # Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
 # list and why the shim):
@@ -19,12 +23,17 @@
 #           the static py-spy binary (pip install py-spy, then copy its bin/py-spy)
 #   .fio/   bash bench/build_fio.sh
 # A dry run on the CPU host: NO_INSTALL=1 MODE=cpu PY=python GB=0.2 LOOKUP_MIB=64 bash bench/h200.sh
+# (on a shared host add LMC_BIN=/tmp/lmcbin-$USER OUT=/tmp/out-$USER: the launcher and the results
+# go there); the memory-speed steps: STEPS='restore_tmpfs matrix_tmpfs' MATRIX_TMPFS_ARGS='--sizes-kb
+# 4096 --keys 8 --in-flight 1 --contenders adp-periodic,fs-odirect --repeats 3 --phase-mib 64
+# --floor-gib 0.25' with the same variables.
 # One call:
 #   run(command="STEPS='floor lookup restore' ROUNDS=1 ADP_COMMIT=$(git rev-parse --short HEAD) \
 #       bash bench/h200.sh", carry=[".whl", ".stage", ".fio"], timeout_s=600)
 # Each step stops short of BUDGET_S (default 560 s) since the call began, so what ran comes back.
 # Results in $OUT, named after the card that ran them (h200, h100): floor-h200.*,
-# lookup_under_load-h200.*, long_restore-h200-rN.*, and run_stdout.txt.
+# lookup_under_load-h200.*, long_restore-h200-rN.*, long_restore_tmpfs-h200-rN.*, matrix_tmpfs-h200.*,
+# and run_stdout.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_stdout.txt") 2>&1
@@ -33,6 +42,12 @@ STEPS=${STEPS:-floor lookup restore}; ROUNDS=${ROUNDS:-1}; FIRST_ROUND=${FIRST_R
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 ADP_COMMIT=${ADP_COMMIT:-}
 T0=$(date +%s); ts() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+# room_in_shm GIB WHAT: true when /dev/shm has GIB GiB free, else says why WHAT is skipped
+room_in_shm() {
+  local free; free=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
+  [ -n "$free" ] && [ "$free" -ge "$1" ] && return 0
+  ts "skipping $2: /dev/shm has ${free:-no} GiB free, it needs $1"; return 1
+}
 
 ts "== environment, commit ${ADP_COMMIT:-unknown}"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; $PY -V; nproc; } 2>&1
@@ -50,7 +65,7 @@ if [ "${MODE:-gpu}" = gpu ] && ! LMC_C10_SHIM=$SHIM $PY -c "import torch, ctypes
     -L"$(dirname "$TI")/lib" -lc10 -o /tmp/libc10_nie_shim.so && SHIM=/tmp/libc10_nie_shim.so
 fi
 [ "${MODE:-gpu}" = gpu ] && export LMC_C10_SHIM=$SHIM
-BIN=/tmp/lmcbin; mkdir -p $BIN  # `lmcache` that loads the shim (bench/gpu_lmc.py)
+BIN=${LMC_BIN:-/tmp/lmcbin}; mkdir -p $BIN  # `lmcache` that loads the shim (bench/gpu_lmc.py)
 printf '#!/bin/sh\nexport PYTHONPATH=%s:"$PYTHONPATH"\nexec %s %s "$@"\n' "$PYTHONPATH" \
   "$($PY -c 'import sys; print(sys.executable)')" "$REPO/bench/gpu_lmc.py" > $BIN/lmcache
 chmod +x $BIN/lmcache
@@ -113,6 +128,26 @@ for step in $STEPS; do
       timeout $(( $(left) - 5 )) $PY -m bench.store_start --dir "$D/ss" ${STORE_START_ARGS:-} \
         --out "$OUT/store-start-$CARD"; echo "store_start rc=$?"
       rm -rf "$D/ss" ;;
+    matrix_tmpfs)  # every contender's storage on /dev/shm, and LMCache alone (bench/README.md)
+      M=/dev/shm/adp-h200-matrix; R=/dev/shm/adp-h200-ram
+      room_in_shm "${MATRIX_TMPFS_GIB:-12}" matrix_tmpfs || continue
+      A=${MATRIX_TMPFS_ARGS:---sizes-kb 4096,32768 --keys 32 --in-flight 1,4 --contenders adp-periodic,fs-odirect --repeats 3 --phase-mib 512 --floor-gib 1}
+      ts "== matrix on tmpfs through lmcache bench l2 ($A)"
+      ADP_LMCACHE_BIN=$BIN timeout $(( $(left) - 5 )) $PY -m bench.matrix --dir "$M" --ram-l2 "$R" \
+        $A --out "$OUT/matrix_tmpfs-$CARD"; echo "matrix_tmpfs rc=$?"
+      rm -rf "$M" "$R" ;;
+    restore_tmpfs)  # the gateway's databases, fs_native and LMCache alone on /dev/shm
+      T=/dev/shm/adp-h200-restore; R=/dev/shm/adp-h200-ram  # LMCache alone's files: in R
+      NEED=$(awk -v g="${GB:-8.6}" 'BEGIN { print int(g * 1.8 + 3) }')  # the databases, with headroom
+      room_in_shm "${RESTORE_TMPFS_GIB:-$NEED}" restore_tmpfs || continue
+      for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
+        [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for tmpfs round $r"; break; }
+        ts "== long_restore on tmpfs, round $r, ${GB:-8.6} GB (${RESTORE_TMPFS_ARGS:-})"
+        timeout $(( $(left) - 5 )) $PY -m bench.long_restore --dir "$T" --ram-l2 "$R" \
+          --gb "${GB:-8.6}" --mode "${MODE:-gpu}" --lmcache-bin $BIN ${RESTORE_TMPFS_ARGS:-} \
+          --out "$OUT/long_restore_tmpfs-$CARD-r$r" --logs "$OUT/logs/restore-tmpfs-r$r"
+        echo "long_restore_tmpfs round $r rc=$?"; rm -rf "$T" "$R"
+      done ;;
     restore)
       for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }

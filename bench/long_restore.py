@@ -1,19 +1,26 @@
 """A long prompt's KV restored cold from L2 into an empty L1 through a real ``lmcache server``.
 
     python -m bench.long_restore --dir DIR [--gb 8.6] [--shm-name NAME] [--mode cpu|gpu]
+        [--databases 1,2,4] [--ram-l2 /dev/shm] [--adp-config FILE]
 
 The target is a 196,000-token GLM prompt at ~43,723 bytes of KV per token: 8.6 GB in 256-token
 chunks. The KV here is 43 layers x 2 KV heads x 128 x bfloat16 (44,032 bytes per token, 11.27 MB
 per chunk against the target's 11.19 MB); ``--gb`` scales the prompt's length, not the chunks.
 
-In one run, on ``--dir`` (the disk under test):
+In one run, on ``--dir`` (the disk under test; a tmpfs such as /dev/shm/lr puts the gateway at
+memory speed):
+  0. every directory a contender stores in (``--dir``, ``--ram-l2``) is checked for O_DIRECT
+     (bench/odirect.py) and its filesystem recorded; where it is refused the gateway and
+     fs_native run buffered, and the floor (O_DIRECT only) is skipped;
   1. the disk's floor: O_DIRECT writes then reads of the same bytes at the gateway's I/O size and
      depth (bench/floor.py);
   2. lmcache-adp: gateway + ``lmcache server`` with our plugin; the prompt is stored through the
      server (bench/long_restore_client.py, LMCache's own client), written through to the
      gateway; then the server and the gateway are restarted (empty L1, gateway reads by
      O_DIRECT) and the restore is timed: LOOKUP with L2 prefetch + RETRIEVE into the KV cache;
-     then the server's L1 is cleared and the restore is timed again (L1 pages written before);
+     then the server's L1 is cleared and the restore is timed again (L1 pages written before).
+     ``--databases 1,2,4`` runs it once per count of databases in ``--dir``
+     (``databases_per_dir``, the capacity split between them), as a host with that many drives;
   3. LMCache's ``fs_native`` (``use_odirect``) the same way, its files fadvise'd out of the page
      cache before the restore;
   4. with ``--shm-name``, lmcache-adp again with L1 in a shared-memory segment (the plugin's
@@ -22,6 +29,11 @@ In one run, on ``--dir`` (the disk under test):
   6. with ``--ram-l2 DIR`` (a tmpfs such as /dev/shm), ``fs_native`` again with its files there,
      buffered: an L2 that reads at memory speed, so its restore time is what LMCache's own
      pipeline (lookup, prefetch into L1, retrieve into the KV cache) costs whatever the tier.
+Beside every time, the CPU seconds of each process (the ``lmcache server``, the gateway, the
+client) and per GB of the prompt: for the store from the STORE call until the write-through to
+L2 has settled (the client's until its STORE returns), for the restore over LOOKUP + RETRIEVE;
+read from /proc/PID/stat (every thread of the process) by the client at each end of its timed
+section (bench/long_restore_client.py) and, for the store's end, by this bench.
 Writes ``OUT.json`` and ``OUT.md`` (``--out``, default bench/results/long_restore).
 """
 
@@ -41,10 +53,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from adp_gateway import hugepages
 from bench import floor as disk_floor
-from bench import gateways
-from bench.harness import drop_file_cache
+from bench import gateways, odirect
+from bench.harness import cpu_seconds_of, drop_file_cache
 from bench.long_restore_report import markdown
 from tests.support import BIN, ROOT, Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
 
@@ -99,12 +113,16 @@ class Setup:
         return math.ceil(self.prompt.total_bytes / 2**30 * 1.15) + 1
 
 
-def run_client(setup: Setup, server: LMCacheServer, phase: str) -> dict[str, Any]:
-    """One phase of bench/long_restore_client.py in a new process; its JSON result."""
+def run_client(
+    setup: Setup, server: LMCacheServer, phase: str, pids: dict[str, int]
+) -> dict[str, Any]:
+    """One phase of bench/long_restore_client.py in a new process; its JSON result, with the
+    CPU seconds of the processes in ``pids`` (name: pid) and of the client over its phase."""
     out = server.log_path.with_name(f"client-{phase}{time.monotonic_ns()}.json")
     argv = [sys.executable, "-m", "bench.long_restore_client", f"--phase={phase}"]
     argv += [f"--rpc-url=tcp://localhost:{server.port}", f"--mode={setup.mode}"]
     argv += [*setup.prompt.client_args(), f"--json-out={out}"]
+    argv += ["--cpu-pids=" + ",".join(f"{name}={pid}" for name, pid in pids.items())]
     with open(server.log_path.with_name(f"client-{phase}.log"), "ab") as log:
         subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
     if not out.exists():
@@ -123,24 +141,41 @@ def store_then_restore(
     spec: str,
     between: Callable[[], None],
     shm_name: str | None = None,
+    gateway: Gateway | None = None,
 ) -> dict[str, Any]:
-    """Store through one server, wait for L2, stop it, ``between()``, restore through a new one."""
+    """Store through one server, wait for L2, stop it, ``between()``, restore through a new one.
+    The CPU of the server, of ``gateway`` (when there is one) and of the client is read over
+    each phase."""
     server = start_server(setup, workdir, spec, "-store", shm_name)
     try:
-        stored = run_client(setup, server, "store")
+        pids = phase_pids(server, gateway)
+        stored = run_client(setup, server, "store", pids)
         started = time.perf_counter()
         wait_until(server.l2_settled, L2_SETTLE_TIMEOUT_S, "the L2 write-through")
         stored["l2_settle_after_store_s"] = time.perf_counter() - started
+        settled = dict(zip(pids, cpu_seconds_of(tuple(pids.values())), strict=True))
+        start = stored.pop("cpu_start")
+        stored["cpu_s"].update({name: settled[name] - start[name] for name in pids})
     finally:
         server.stop()
     between()
     server = start_server(setup, workdir, spec, "-restore", shm_name)
     try:
-        restored = run_client(setup, server, "restore")
+        restored = run_client(setup, server, "restore", phase_pids(server, gateway))
     finally:
         server.stop()
     restored["digest_matches_store"] = restored["digest"] == stored["digest"]
     return {"store": stored, "restore": restored}
+
+
+def phase_pids(server: LMCacheServer, gateway: Gateway | None) -> dict[str, int]:
+    """The processes whose CPU a phase reads: the server, and the gateway where there is one."""
+    assert server.proc is not None
+    pids = {"server": server.proc.pid}
+    if gateway is not None:
+        assert gateway.proc is not None
+        pids["gateway"] = gateway.proc.pid
+    return pids
 
 
 def run_adp(
@@ -148,15 +183,19 @@ def run_adp(
     shm_name: str | None = None,
     zero_copy: bool = True,
     config: Path | None = None,
+    databases: int = 1,
 ) -> dict[str, Any]:
     """lmcache-adp: both the server and the gateway are restarted between store and restore.
     With ``shm_name`` L1 is shared memory, which the plugin uses zero-copy unless told not to;
-    ``config`` is a gateway config file (``adp-gateway serve --config``)."""
+    ``config`` is a gateway config file (``adp-gateway serve --config``); ``databases`` is its
+    ``databases_per_dir`` in ``--dir``."""
     workdir = setup.directory / "adp"
     workdir.mkdir()
     sockdir = short_tmpdir()  # Unix socket paths are limited to 108 bytes
     chunks = setup.prompt.tokens // CHUNK_TOKENS
-    capacity = gateways.capacity_for(chunks, setup.prompt.chunk_bytes)
+    capacity = gateways.capacity_for(chunks, setup.prompt.chunk_bytes, databases)
+    if databases > 1:
+        config = with_databases(config, databases, workdir / "gateway-databases.yaml")
     extra = ("--config", str(config)) if config else ()
     gateway = Gateway(workdir, capacity, *extra, socket_path=sockdir / "gw.sock")
 
@@ -167,7 +206,8 @@ def run_adp(
     try:
         start_gateway(gateway)
         spec = gateway.l2_adapter_json(op_timeout_s=60.0, zero_copy=zero_copy)
-        result = store_then_restore(setup, workdir, spec, restart_gateway, shm_name)
+        result = store_then_restore(setup, workdir, spec, restart_gateway, shm_name, gateway)
+        result["databases"] = databases
         result["gateway_cpu_s_restore"] = gateways.cpu_seconds(gateway)
         result["sessions_dropped"] = gateways.dropped_sessions(gateway)
         result["zero_copy_ops"] = zero_copy_ops(gateway.log())
@@ -176,9 +216,21 @@ def run_adp(
         gateway.stop()
         name = "lmcache_adp" + ("_shm" if shm_name else "") + ("" if zero_copy else "_copy")
         name += f"_{config.stem}" if config else ""
+        name += f"_{databases}db" if databases > 1 else ""
         keep_logs(setup, workdir, name)
         for path in (workdir, sockdir):
             remove_tree(path)
+
+
+def with_databases(config: Path | None, databases: int, path: Path) -> Path:
+    """A gateway config file: ``config``'s settings (if any) with ``databases_per_dir``."""
+    settings = yaml.safe_load(config.read_text()) if config else {}
+    return gateways.write_config(path, {**(settings or {}), "databases_per_dir": databases})
+
+
+def adp_key(databases: int) -> str:
+    """The report's key of lmcache-adp with ``databases`` databases."""
+    return "lmcache_adp" if databases == 1 else f"lmcache_adp_{databases}db"
 
 
 def zero_copy_ops(gateway_log: str) -> int:
@@ -201,7 +253,7 @@ def run_fs_native(setup: Setup) -> dict[str, Any]:
 
 def run_ram_l2(setup: Setup, ram_dir: Path) -> dict[str, Any]:
     """fs_native with its files on a tmpfs, buffered: the restore at memory speed."""
-    base = ram_dir / "adp-bench-ram-l2"
+    base = ram_dir / f"adp-bench-ram-l2-{os.getpid()}"
     return _fs_native(setup, "ram_l2", setup.directory / "ram", base, None)
 
 
@@ -236,7 +288,11 @@ DEEP_PROBE = disk_floor.Shape("deep", 16 * 2**20, 32)  # deeper than any contend
 def floor(setup: Setup) -> dict[str, Any]:
     """The disk's own O_DIRECT write and read of the prompt's bytes: at the gateway's I/O shape
     and at a deeper one, the faster read being the floor (a restore keeps many chunks in
-    flight, so the gateway's shape alone can read slower than the restore itself)."""
+    flight, so the gateway's shape alone can read slower than the restore itself). Skipped
+    (``{"skipped": why}``) where ``--dir`` refuses O_DIRECT."""
+    check = odirect.check(setup.directory)
+    if check["odirect"] != odirect.WORKS:
+        return {"skipped": odirect.line(check)}
     gateway = disk_floor.gateway_shapes(setup.prompt.chunk_bytes)
     total = setup.prompt.total_bytes // 2**20 * 2**20
     probes = [
@@ -259,14 +315,30 @@ def attempt(contender: Callable[..., dict[str, Any]], *args: Any) -> dict[str, A
         return {"failed": f"{type(exc).__name__}: {exc}"[-2000:]}
 
 
+def check_dirs(directories: list[Path]) -> list[dict[str, Any]]:
+    """Each directory's O_DIRECT check (bench/odirect.py), created first if need be; printed."""
+    checks = []
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        checks.append(odirect.check(directory))
+        print(odirect.line(checks[-1]), flush=True)
+    return checks
+
+
 def run(
-    setup: Setup, shm_name: str | None, config: Path | None = None, ram_dir: Path | None = None
+    setup: Setup,
+    shm_name: str | None,
+    config: Path | None = None,
+    ram_dir: Path | None = None,
+    databases: tuple[int, ...] = (1,),
 ) -> dict[str, Any]:
     setup.directory.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"floor": floor(setup)}
     print(json.dumps(results["floor"]), flush=True)
-    results["lmcache_adp"] = attempt(run_adp, setup)
-    print(json.dumps(results["lmcache_adp"]), flush=True)
+    for count in databases:
+        key = adp_key(count)
+        results[key] = attempt(run_adp, setup, None, True, None, count)
+        print(json.dumps(results[key]), flush=True)
     if config is not None:  # the gateway with other settings, between the default and fs_native
         results["lmcache_adp_config"] = attempt(run_adp, setup, None, True, config)
         results["lmcache_adp_config"]["config"] = config.read_text()
@@ -302,6 +374,17 @@ def environment(setup: Setup) -> dict[str, Any]:
     }
 
 
+def database_counts(text: str) -> tuple[int, ...]:
+    """``1,2,4`` as (1, 2, 4): positive, each once."""
+    try:
+        counts = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: counts of databases, such as 1,2,4") from None
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: positive counts, each once, such as 1,2,4")
+    return counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="on the disk under test")
@@ -317,12 +400,20 @@ def main() -> int:
     parser.add_argument(
         "--ram-l2", type=Path, help="also run fs_native on this tmpfs: LMCache's own restore cost"
     )
+    parser.add_argument(
+        "--databases",
+        type=database_counts,
+        default=(1,),
+        help="run lmcache-adp with each of these counts of databases in --dir (default 1)",
+    )
     args = parser.parse_args()
     setup = Setup(args.dir, Prompt.of_size(args.gb), args.mode, args.lmcache_bin, args.logs)
+    directories = [args.dir] if args.ram_l2 is None else [args.dir, args.ram_l2]
     report = {
         "command": " ".join(["python -m bench.long_restore", *sys.argv[1:]]),
         **environment(setup),
-        "results": run(setup, args.shm_name, args.adp_config, args.ram_l2),
+        "odirect": check_dirs(directories),
+        "results": run(setup, args.shm_name, args.adp_config, args.ram_l2, args.databases),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))

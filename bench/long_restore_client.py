@@ -16,6 +16,12 @@ request instead of several short ones.
   the server's L1 is cleared and the same restore runs again (``again``): into L1 pages that
   have been written before, as in a server that has run for a while.
 
+CPU: with ``--cpu-pids server=PID,gateway=PID`` the client reads the user + system CPU seconds of
+those processes and of itself (/proc/PID/stat, every thread) at the start and the end of each
+timed section, and reports the difference (``cpu_s``); the store also reports its start
+(``cpu_start``), so that the caller can end the server's and the gateway's count once the
+write-through to L2 has settled.
+
 The KV cache is regenerated from LMCache's fixed seed in both phases, so each phase digests the
 prompt's blocks (xxh3 over their bytes) before it touches them; a restore is correct when the
 digest after RETRIEVE equals that one (and the store phase's, which the caller compares).
@@ -35,6 +41,8 @@ from typing import Any
 
 import torch
 import xxhash
+
+from bench.harness import cpu_seconds_of
 
 BLOCK_TOKENS = 16
 LOOKUP_TIMEOUT_S = 600.0
@@ -84,6 +92,22 @@ def digest(views: list[torch.Tensor]) -> str:
     return hasher.hexdigest()
 
 
+def cpu_now(args: argparse.Namespace) -> dict[str, float]:
+    """CPU seconds so far of this client and of each process named in ``--cpu-pids``."""
+    pids = {"client": os.getpid(), **args.cpu_pids}
+    return dict(zip(pids, cpu_seconds_of(tuple(pids.values())), strict=True))
+
+
+def cpu_since(args: argparse.Namespace, start: dict[str, float]) -> dict[str, float]:
+    return {name: now - start[name] for name, now in cpu_now(args).items()}
+
+
+def parse_pids(text: str) -> dict[str, int]:
+    """``server=12,gateway=34`` as ``{"server": 12, "gateway": 34}``."""
+    pairs = (item.partition("=") for item in text.split(",") if item)
+    return {name: int(pid) for name, _, pid in pairs}
+
+
 def synchronize(mode: str) -> None:
     if mode == "gpu":
         torch.cuda.synchronize()
@@ -118,9 +142,11 @@ def store(client: Any, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"digest": digest(views), "chunks": request.total_chunks}
     result["bytes"] = sum(v.numel() * v.element_size() for v in views)
     result["cold_lookup_hits"] = lookup(client, request)
+    result["cpu_start"] = cpu_now(args)
     started = time.perf_counter()
     stored = client.store(request, 0, request.num_full_tokens)
     result["store_s"] = time.perf_counter() - started
+    result["cpu_s"] = cpu_since(args, result["cpu_start"])
     result["ok"] = bool(stored and stored.succeeded) and result["cold_lookup_hits"] == 0
     client.end_session(request)
     return result
@@ -143,12 +169,14 @@ def restore_once(client: Any, args: argparse.Namespace, request_id: str) -> dict
     for view in views:
         view.zero_()
     synchronize(args.mode)
+    cpu_start = cpu_now(args)
     started = time.perf_counter()
     hits = lookup(client, request)
     looked_up = time.perf_counter()
     retrieved = client.retrieve(request, 0, (hits or 0) * request.chunk_size)
     synchronize(args.mode)
     finished = time.perf_counter()
+    cpu_s = cpu_since(args, cpu_start)
     client.end_session(request)
     restored = digest(views)
     return {
@@ -158,6 +186,7 @@ def restore_once(client: Any, args: argparse.Namespace, request_id: str) -> dict
         "lookup_prefetch_s": looked_up - started,
         "retrieve_s": finished - looked_up,
         "restore_s": finished - started,
+        "cpu_s": cpu_s,
         "digest": restored,
         "ok": hits == request.total_chunks
         and bool(retrieved and retrieved.succeeded)
@@ -181,6 +210,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, required=True, help="a multiple of 256")
     parser.add_argument("--kv-shape", default="43,2,128", help="layers,kv_heads,head_dim")
     parser.add_argument("--json-out", type=Path, required=True)
+    parser.add_argument(
+        "--cpu-pids", type=parse_pids, default={}, help="name=PID,...: processes whose CPU to read"
+    )
     args = parser.parse_args()
     load_shim()
     client = make_client(args)

@@ -34,6 +34,17 @@ def _git(*args: str) -> str:
 
 def _filesystem(directory: Path) -> str:
     """``device on mountpoint type fstype`` of the mount holding ``directory``."""
+    mountpoint, device, fstype = _mount(directory)
+    return f"{device} on {mountpoint} type {fstype}"
+
+
+def filesystem_type(directory: Path) -> str:
+    """The type of the filesystem holding ``directory`` (``tmpfs``, ``ext4``; ``stat -f``'s)."""
+    return _mount(directory)[2]
+
+
+def _mount(directory: Path) -> tuple[str, str, str]:
+    """(mountpoint, device, fstype) of the innermost mount holding ``directory``."""
     path = str(directory.resolve())
     best = ("", "?", "?")
     with open("/proc/mounts") as mounts:
@@ -42,4 +53,4 @@ def _filesystem(directory: Path) -> str:
             inside = path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")
             if inside and len(mountpoint) >= len(best[0]):
                 best = (mountpoint, device, fstype)
-    return f"{best[1]} on {best[0]} type {best[2]}"
+    return best

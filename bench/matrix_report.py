@@ -1,34 +1,51 @@
-"""The markdown tables of bench/matrix.py's report: MB/s with ratios, and CPU per GB."""
+"""The markdown tables of bench/matrix.py's report: MB/s with ratios, and CPU per GB of each
+process beside every figure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench import floor
+from bench import floor, odirect
+from bench.gateways import contender_settings
 
-POLICIES = ("always", "periodic", "none")
+RAM_L2 = "lmcache-ram"
+FS_LABELS = {
+    "fs-odirect": "fs_native O_DIRECT",
+    "fs-buffered": "fs_native buffered",
+    RAM_L2: "LMCache alone (fs_native on RAM)",
+}
 
 
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
-    default = f"adp-{report['defaults']['sync']}"
+    sync = report["defaults"]["sync"]
     parts = [
         "# lmcache-adp against fs_native through `lmcache bench l2`, and the disk's floor",
         "",
         f"`{report['command']}` — {report['started']}, commit {m['commit']}, {m['cpus']} CPUs, "
         f"load average {_load(m.get('loadavg_start'))} at start and "
         f"{_load(m.get('loadavg_end'))} at the end, `{m['dir_filesystem']}`. "
-        "MB/s = 10^6 bytes/s; medians over the repeats; the default sync policy is "
-        f"`{report['defaults']['sync']}`.",
+        'MB/s = 10^6 bytes/s; medians over the repeats; "ours" is lmcache-adp with every '
+        f"setting its default (sync `{sync}`), other rows name what differs.",
+    ]
+    checks = report.get("odirect", [])
+    if checks:
+        parts += ["", *(f"- {odirect.line(check)}" for check in checks)]
+    parts += [
         "",
         "## Throughput, MB/s",
         "",
-        throughput_table(report, default),
+        throughput_table(report),
         "",
-        "## CPU seconds per GB moved (over the harness's rounds)",
+        "## Each contender: MB/s and CPU seconds per GB of each process",
         "",
-        cpu_table(report, default),
+        "CPU over the harness's rounds: the harness process is LMCache's `lmcache bench l2` with "
+        "the adapter in it (our plugin, or fs_native's C++ workers); the gateway is ours only.",
+        "",
+        contender_table(report),
     ]
+    if not any(k in report for k in ("floor_before", "floor_after")):
+        parts += ["", "No floor: it is measured with O_DIRECT, which `--dir` refuses."]
     for key, title in (("floor_before", "before the cells"), ("floor_after", "after the cells")):
         if key in report:
             parts += ["", f"## Floor {title} (bench/floor.py)", "", floor.table(report[key])]
@@ -41,60 +58,73 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def throughput_table(report: dict[str, Any], default: str) -> str:
-    names = _contenders(report)
-    header = " | ".join(_label(n) for n in names)
+def throughput_table(report: dict[str, Any]) -> str:
+    """One row per cell and operation, a column per contender, then ours over the others."""
+    names, ours = _contenders(report), _ours(report)
+    sync = report["defaults"]["sync"]
+    ratios = [f"{_label(ours, sync)} / {_label(n, sync)}" for n in _references(names)]
+    has_floor = _has_floor(report)
+    if has_floor:
+        ratios += ["/ fio best", "/ fio at the gateway's shape"]
+    header = " | ".join(_label(n, sync) for n in names)
     lines = [
-        f"| object | keys x in flight | op | {header} | {_label(default)} / fs_native O_DIRECT "
-        "| / fio best | / fio at the gateway's shape |",
-        "|---|---|---|" + "---|" * len(names) + "---|---|---|",
+        f"| object | keys x in flight | op | {header} | " + " | ".join(ratios) + " |",
+        "|---|---|---|" + "---|" * (len(names) + len(ratios)),
     ]
     for cell in report["cells"]:
         load, medians = cell["load"], cell["medians"]
-        floors = best_floor(report, load["size_kb"] * 1024)
         for op, direction in (("store", "write"), ("load", "read")):
-            values = [medians.get(n, {}).get(op, {}).get("MBps") for n in names]
-            ours = medians.get(default, {}).get(op, {}).get("MBps")
-            fs = medians.get("fs-odirect", {}).get(op, {}).get("MBps")
-            best = floors[f"best_{direction}_GBps"] * 1e3
-            shape = floors[f"gateway_shape_{direction}_GBps"] * 1e3
-            done = [medians.get(n, {}).get(op, {}).get("succeeded", 1.0) for n in names]
-            cells = [_mbps(v, f) for v, f in zip(values, done, strict=True)]
-            ratios = [_ratio(ours, fs), _ratio(ours, best), _ratio(ours, shape)]
+            cells = [_mbps(_figure(medians, n, op), _done(medians, n, op)) for n in names]
+            mine = _figure(medians, ours, op)
+            row = [_ratio(mine, _figure(medians, n, op)) for n in _references(names)]
+            if has_floor:
+                floors = best_floor(report, load["size_kb"] * 1024)
+                row.append(_ratio(mine, floors[f"best_{direction}_GBps"] * 1e3))
+                row.append(_ratio(mine, floors[f"gateway_shape_{direction}_GBps"] * 1e3))
             lines.append(
                 f"| {_size(load['size_kb'])} | {load['keys']} x {load['in_flight']} | {op} | "
-                + " | ".join(cells + ratios)
+                + " | ".join(cells + row)
                 + " |"
             )
     return "\n".join(lines)
 
 
-def cpu_table(report: dict[str, Any], default: str) -> str:
-    names = _contenders(report)
-    ours = [n for n in names if n.startswith("adp-")]
+def contender_table(report: dict[str, Any]) -> str:
+    """One row per cell, operation and contender: its MB/s, the CPU seconds per GB of the
+    harness process and of the gateway, and its MB/s over fs_native's and LMCache alone's."""
+    names, sync = _contenders(report), report["defaults"]["sync"]
+    references = _references(names)
     lines = [
-        "| object | keys x in flight | op | gateway: "
-        + ", ".join(n.removeprefix("adp-") for n in ours)
-        + " | harness process (LMCache + adapter): "
-        + ", ".join(_label(n) for n in names)
-        + f" | {_label(default)}: database written once before the stores |",
-        "|---|---|---|---|---|---|",
+        "| object | keys x in flight | op | contender | MB/s | harness CPU s/GB "
+        "| gateway CPU s/GB | "
+        + "".join(f"/ {_label(n, sync)} | " for n in references)
+        + "database written once before the stores |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(references) + "---|",
     ]
     for cell in report["cells"]:
         load, medians = cell["load"], cell["medians"]
         for op in ("store", "load"):
-            gateway = [medians.get(n, {}).get(op, {}).get("gateway_cpu_s_per_GB") for n in ours]
-            client = [medians.get(n, {}).get(op, {}).get("client_cpu_s_per_GB") for n in names]
-            runs = cell["runs"].get(default, [])
-            prepared = [r["store"].get("prepared_before") for r in runs] if op == "store" else []
-            known = [p for p in prepared if p is not None]
-            note = f"{int(sum(known))} of {len(known)} runs" if known else ""
-            lines.append(
-                f"| {_size(load['size_kb'])} | {load['keys']} x {load['in_flight']} | {op} | "
-                f"{' / '.join(_num(v) for v in gateway)} | {' / '.join(_num(v) for v in client)} "
-                f"| {note} |"
-            )
+            for name in names:
+                figures = medians.get(name, {}).get(op, {})
+                mine = figures.get("MBps")
+                ratios = [_ratio(mine, _figure(medians, n, op)) for n in references]
+                lines.append(
+                    f"| {_size(load['size_kb'])} | {load['keys']} x {load['in_flight']} | {op} "
+                    f"| {_label(name, sync)} | {_mbps(mine, figures.get('succeeded', 1.0))} "
+                    f"| {_num(figures.get('client_cpu_s_per_GB'))} "
+                    f"| {_num(figures.get('gateway_cpu_s_per_GB'))} | "
+                    + "".join(f"{r} | " for r in ratios)
+                    + f"{_prepared(cell, name) if op == 'store' else ''} |"
+                )
     return "\n".join(lines)
+
+
+def _prepared(cell: dict[str, Any], name: str) -> str:
+    """In how many of the contender's runs the gateway had written its new database once
+    before the stores began (card/software/devices/preparer.py)."""
+    prepared = [r["store"].get("prepared_before") for r in cell["runs"].get(name, [])]
+    known = [p for p in prepared if p is not None]
+    return f"{int(sum(known))} of {len(known)} runs" if known else ""
 
 
 def best_floor(report: dict[str, Any], object_bytes: int) -> dict[str, float]:
@@ -107,13 +137,49 @@ def best_floor(report: dict[str, Any], object_bytes: int) -> dict[str, float]:
     return {key: max(f[key] for f in found) for key in found[0]}
 
 
+def _has_floor(report: dict[str, Any]) -> bool:
+    return any(k in report for k in ("floor_before", "floor_after"))
+
+
 def _contenders(report: dict[str, Any]) -> list[str]:
     return str(report["settings"]["contenders"]).split(",")
 
 
-def _label(name: str) -> str:
-    labels = {"fs-odirect": "fs_native O_DIRECT", "fs-buffered": "fs_native buffered"}
-    return labels.get(name, f"adp sync {name.removeprefix('adp-')}")
+def _ours(report: dict[str, Any]) -> str:
+    """The contender the ratios are of: ours with every default, else the first of ours."""
+    names = _contenders(report)
+    default = f"adp-{report['defaults']['sync']}"
+    return default if default in names else next((n for n in names if n.startswith("adp-")), "")
+
+
+def _references(names: list[str]) -> list[str]:
+    """What ours is compared with: fs_native O_DIRECT, and LMCache alone when it ran."""
+    return ["fs-odirect"] + [n for n in (RAM_L2,) if n in names]
+
+
+def _label(name: str, default_sync: str) -> str:
+    """``adp-periodic@databases_per_dir=2;io_threads=16`` reads "ours, 2 databases,
+    io_threads=16"; fs_native's and LMCache's contenders their names."""
+    if name in FS_LABELS:
+        return FS_LABELS[name]
+    policy, extra = contender_settings(name.removeprefix("adp-"))
+    parts = ["ours"]
+    if policy != default_sync:
+        parts.append(f"sync {policy}")
+    databases = extra.pop("databases_per_dir", None)
+    if databases is not None:
+        parts.append(f"{databases} database{'' if databases == 1 else 's'}")
+    parts += [f"{key}={value}" for key, value in extra.items()]
+    return ", ".join(parts)
+
+
+def _figure(medians: dict[str, Any], name: str, op: str) -> float | None:
+    value = medians.get(name, {}).get(op, {}).get("MBps")
+    return None if value is None else float(value)
+
+
+def _done(medians: dict[str, Any], name: str, op: str) -> float:
+    return float(medians.get(name, {}).get(op, {}).get("succeeded", 1.0))
 
 
 def _cell(load: dict[str, Any]) -> str:
