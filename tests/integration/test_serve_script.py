@@ -73,6 +73,8 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_cop
         )
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert "every byte loaded back matches" in smoke.stdout
+        said = (smoke.stdout + smoke.stderr).splitlines()  # its own lines, nothing of the bench's
+        assert [line for line in said if not line.startswith(("smoke.sh: ", "setup-env: "))] == []
         assert run_mp_client(server, "store", 9, "--chunks", "2") == 0
         wait_until(server.l2_settled, 60, "the L2 stores")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
