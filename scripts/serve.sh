@@ -23,7 +23,9 @@
 # block: ports, socket, data dir, the metrics URL and the command that checks the stack. When
 # either cannot start (a second copy of the stack, a port in use, a data dir in use...), that
 # process's own error shows once, then one line `serve.sh: ... did not start` naming the log
-# directory, which is kept, and it exits 1; likewise when one stops by itself while serving.
+# directory, which is kept, and it exits 1; likewise, with one line `serve.sh: ... exited`, when
+# one of them exits while serving. (Ctrl-C reaches this script as SIGINT, which a shell ignores
+# for a job it starts in the background with `&`: stop such a job with SIGTERM.)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=$ROOT/adp-data CAPACITY=8GiB PORT=5555 HTTP_PORT=8080 L1_GB=8 SOCKET="" SERVER_FLAGS=()
@@ -113,7 +115,11 @@ serve.sh: ready. lmcache server on port $PORT (HTTP $HTTP_PORT), L1 ${L1_GB} GiB
   Check it: scripts/smoke.sh --socket $SOCKET
   Logs (removed at a clean stop): $LOGS
 EOF
-wait -n "$gateway_pid" "$server_pid" || true
-# Only a process that stopped by itself comes here: Ctrl-C and SIGTERM end in clean_stop.
-kill -0 "$gateway_pid" 2>/dev/null && fail "lmcache server stopped by itself"
-fail "the gateway stopped by itself"
+wait -n "$gateway_pid" "$server_pid" && status=0 || status=$?
+# Only a process that exited on its own (or was stopped by someone else) comes here: this
+# script's Ctrl-C and SIGTERM end in clean_stop.
+who="the gateway"
+kill -0 "$gateway_pid" 2>/dev/null && who="lmcache server"
+echo "serve.sh: $who exited (status $status) while serving; stopping the stack (logs kept in $LOGS)" >&2
+stop
+exit 1

@@ -113,3 +113,26 @@ def test_a_second_serve_script_fails_saying_the_error_once(workdir: Path) -> Non
         os.killpg(first.pid, signal.SIGINT)
         first.wait(60)
     assert log_dirs(workdir) == [kept]  # the first one's, removed at its clean stop
+
+
+def test_a_process_that_exits_while_serving_stops_the_stack_and_says_so(workdir: Path) -> None:
+    server = LMCacheServer(workdir, "")
+    log = workdir / "serve.log"
+    proc = serve(workdir, server, log)
+    try:
+        wait_until(lambda: ready(proc, log), 180, "the stack")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        gateway = subprocess.run(
+            ["pgrep", "-f", f"adp-gateway serve .*{workdir / 'gw.sock'}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        [pid] = gateway.stdout.split()  # the one this test's serve.sh started, on its socket
+        os.kill(int(pid), signal.SIGKILL)
+        assert proc.wait(60) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("serve.sh:")]
+    assert "the gateway exited (status 137) while serving" in lines[-1], lines
+    assert not server.healthy()  # the server was stopped with it
+    assert [d for d in log_dirs(workdir) if str(d) in lines[-1]]  # named, and kept
