@@ -35,7 +35,7 @@ if [ -z "$BASE" ]; then
   if have "$PUBLIC_BASE" || timeout 300 docker pull -q "$PUBLIC_BASE" >/dev/null 2>&1; then
     BASE=$PUBLIC_BASE
   else
-    say "$PUBLIC_BASE cannot be pulled: making $LOCAL_BASE from Debian's archive"
+    say "$PUBLIC_BASE cannot be pulled: using $LOCAL_BASE, made from Debian's archive"
     "$ROOT/scripts/docker-base.sh" "$LOCAL_BASE" || die "scripts/docker-base.sh failed (above)"
     BASE=$LOCAL_BASE
   fi
