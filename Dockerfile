@@ -5,17 +5,15 @@
 #
 # Build (public defaults: python:3.11-slim-bookworm and the PyTorch CPU index):
 #   docker build -t lmcache-adp .
-# Build offline from a local base and a local CPU torch wheel (what tests/docker does):
-#   scripts/docker-base.sh                          # debootstrap'ed bookworm + python3, imported
-#   pip download -d deploy/docker/wheels torch==2.13.0 ...   # every wheel: see below
-#   docker build --build-arg BASE_IMAGE=lmcache-adp-base:bookworm --build-arg PIP_NO_INDEX=1 .
+# Build with no index reached from inside the build (what tests/docker does):
+#   scripts/docker-offline.sh       # the wheels downloaded on the host, then PIP_NO_INDEX=1
 #
 # torch: LMCache imports torch, and PyPI's default torch for Linux is a CUDA build of several GB.
 # The L2 path is CPU-only, so the image takes the CPU build: pip looks in deploy/docker/wheels/
 # (find-links; empty in git), then in PyPI and TORCH_INDEX_URL, PyTorch's CPU index. An offline
-# build: fill deploy/docker/wheels/ with every wheel (the CPU torch wheel, and `pip download` of
-# the dependencies, as tests/docker does) and pass --build-arg PIP_NO_INDEX=1; this also serves
-# a build behind a TLS-inspecting proxy, since the host's pip already trusts it. The wheels are
+# build: scripts/docker-offline.sh fills deploy/docker/wheels/ with every wheel and passes
+# --build-arg PIP_NO_INDEX=1; this also serves a build behind a TLS-inspecting proxy, since the
+# host's pip already trusts it. The wheels are
 # only in the build stage, never in the final image. (A BuildKit bind mount would keep them out
 # of even that stage's layers, but the legacy builder, which a Docker CLI without buildx falls
 # back to, has none; COPY works with both.)
@@ -56,7 +54,6 @@ COPY README.md plugin_manifest.yaml /tmp/project/
 COPY adp_wire /tmp/project/adp_wire
 COPY lmcache_adp /tmp/project/lmcache_adp
 COPY adp_gateway /tmp/project/adp_gateway
-COPY adp_wire /tmp/project/adp_wire
 # setuptools came with torch: no build environment to fetch.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation /tmp/project \
  && /opt/venv/bin/python -c 'import adp_wire, adp_gateway, lmcache_adp'

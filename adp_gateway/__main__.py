@@ -7,12 +7,15 @@
     adp-gateway verify --lmcache tcp://HOST:PORT [--http http://HOST:PORT]
 
 Errors in the config or the environment print one line naming what is wrong and exit with 2.
+``serve`` and ``status`` take the socket from ``--socket``, else from ``$ADP_SOCKET`` (which the
+container image sets), else from the config file, else the default.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -45,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway until SIGTERM or Ctrl-C")
     serve.add_argument("--config", help="YAML file; see configs/gateway.yaml")
     serve.add_argument("--data-dir", help="directory for the database files (overrides data_dirs)")
-    serve.add_argument("--socket", help="Unix socket path clients connect to")
+    serve.add_argument("--socket", help="Unix socket path clients connect to (or $ADP_SOCKET)")
     serve.add_argument("--capacity", help="bytes of disk to use in all, such as 64GiB")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     serve.add_argument(
@@ -56,7 +59,9 @@ def parser() -> argparse.ArgumentParser:
         "status", help="how a running gateway is doing; exit 1 when it is not ready, 2 when none"
     )
     status.add_argument("--config", help="YAML file; see configs/gateway.yaml")
-    status.add_argument("--socket", help="the gateway's Unix socket (default: its default)")
+    status.add_argument(
+        "--socket", help="the gateway's Unix socket (default: $ADP_SOCKET, else its default)"
+    )
     status.add_argument("--json", action="store_true", help="print JSON instead of lines")
     status.set_defaults(run=_status)
     verify = commands.add_parser(
@@ -83,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _socket(args: argparse.Namespace) -> str | None:
+    """``--socket``, else ``$ADP_SOCKET``: in the container image, `docker exec ... adp-gateway
+    status` then finds the socket the entrypoint gave the gateway."""
+    return str(args.socket or os.environ.get("ADP_SOCKET") or "") or None
+
+
 def _check(args: argparse.Namespace) -> int:
     from adp_gateway.check import ProgressLine, check
 
@@ -99,7 +110,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from adp_gateway.status import ask, render
 
-    config = config_module.load(args.config, {"socket": args.socket})
+    config = config_module.load(args.config, {"socket": _socket(args)})
     status = ask(config.socket_path)
     print(json.dumps(status, indent=2) if args.json else render(status))
     return 0 if status["ready"] else 1
@@ -123,7 +134,7 @@ def serve_until_stopped(
 
     overrides = {
         "data_dirs": args.data_dir,
-        "socket": args.socket,
+        "socket": _socket(args),
         "capacity": args.capacity,
         "log_level": args.log_level,
         "metrics_address": args.metrics_address,

@@ -39,25 +39,27 @@ def ask(socket_path: str) -> dict[str, Any]:
 
 def render(status: dict[str, Any]) -> str:
     used, capacity = status["used_bytes"], status["capacity_bytes"]
+    queued = status["queued"]
     lines = [
         f"gateway on {status['socket']}: {'ready' if status['ready'] else 'not ready'}",
-        f"  capacity {format_size(capacity)}, used {format_size(used)} "
-        f"({100 * used / max(capacity, 1):.0f} %), {status['objects']} objects, "
-        f"{status['evicted_regions']} regions evicted",
+        f"  capacity {_size(capacity)}, used {_size(used)} "
+        f"({100 * used / max(capacity, 1):.0f} %), {_count(status['objects'], 'object')}, "
+        f"{_count(status['evicted_regions'], 'region')} evicted",
         f"  sessions: {_sessions(status['sessions'])}",
-        f"  queued: {status['queued']['loads']} loads, {status['queued']['stores']} stores "
-        f"({format_size(status['store_backlog_bytes'])}), {status['queued']['deletes']} deletes",
+        f"  queued: {_count(queued['loads'], 'load')}, {_count(queued['stores'], 'store')} "
+        f"({_size(status['store_backlog_bytes'])}), {_count(queued['deletes'], 'delete')}",
     ]
     for name, tenant in status["tenants"].items():
         lines.append(
-            f"  tenant {name!r}: {tenant['sessions']} sessions, regions of "
-            f"{format_size(tenant['pool_bytes'])} of at most "
-            f"{format_size(tenant['pool_limit_bytes'])}"
+            f"  tenant {name!r}: {_count(tenant['sessions'], 'session')}, uses "
+            f"{_size(tenant['pool_bytes'])} of disk (whole regions) of the "
+            f"{_size(tenant['pool_limit_bytes'])} it may use"
         )
     for db in status["databases"]:
         health = db["health"]
         if db["errors_last_minute"]:
-            health += f" ({db['errors_last_minute']} errors in the last minute: {db['last_error']})"
+            errors = _count(db["errors_last_minute"], "error")
+            health += f" ({errors} in the last minute: {db['last_error']})"
         lines.append(f"  database {db['database']} {db['path']}: {health}")
     rates = status["rates_last_minute"]
     shown = ", ".join(_rate(name, rate) for name, rate in rates.items()) or "nothing yet"
@@ -65,10 +67,20 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _count(number: int, noun: str) -> str:
+    """``1 session``, ``2 sessions``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _size(size_bytes: int) -> str:
+    """``256 MiB`` rather than ``256.0 MiB``; ``7.9 GiB`` stays."""
+    return format_size(size_bytes).replace(".0 ", " ")
+
+
 def _rate(name: str, per_second: float) -> str:
     """``read_bytes`` -> "read 1.2 MiB/s"; ``lookup_keys`` -> "lookup keys 40/s"."""
     if name.endswith("_bytes"):
-        return f"{name.removesuffix('_bytes')} {format_size(int(per_second))}/s"
+        return f"{name.removesuffix('_bytes')} {_size(int(per_second))}/s"
     return f"{name.replace('_', ' ')} {per_second:g}/s"
 
 

@@ -2,7 +2,8 @@
 
 lmcache 0.5.6's ``cuda_ops`` needs ``c10::NotImplementedError``'s constructor, which torch 2.11
 (the GPU device's) does not export; without the shim the server silently falls back to plain
-torch copies (../shared/device/README.md). bench/h200.sh runs the server through this.
+torch copies. The shim (libc10_nie_shim.so, one symbol) comes with the GPU host's device
+tooling, which is not part of this repository. bench/h200.sh runs the server through this.
 """
 
 import ctypes

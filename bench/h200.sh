@@ -15,11 +15,11 @@
 # (STEPS=matrix_tmpfs, MATRIX_TMPFS_ARGS) bench/matrix.py with every contender on /dev/shm and
 # LMCache alone (--ram-l2).
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
-# Staging, on the CPU host from the repository root (../shared/device/README.md has the wheel
-# list and why the shim):
+# Staging, on the CPU host from the repository root (the GPU host's device tooling, not part of
+# this repository, has the wheel list and the shim; bench/gpu_lmc.py says why the shim):
 #   .whl/   the cp312 wheels of lmcache 0.5.6 and its dependencies, and of lmcache-adp's own
 #           (pyproject.toml; no wheel of ours: the checkout is on PYTHONPATH)
-#   .stage/ a copy of ../shared/device (libc10_nie_shim.so, c10_nie_shim.cpp); for STEPS=gil,
+#   .stage/ the device tooling's libc10_nie_shim.so and c10_nie_shim.cpp; for STEPS=gil,
 #           the static py-spy binary (pip install py-spy, then copy its bin/py-spy)
 #   .fio/   bash bench/build_fio.sh
 # A dry run on the CPU host: NO_INSTALL=1 MODE=cpu PY=python GB=0.2 LOOKUP_MIB=64 bash bench/h200.sh
@@ -74,16 +74,27 @@ PYBIN=$($PY -c 'import sys, os; print(os.path.dirname(sys.executable))')
 [ -x "$PYBIN/adp-gateway" ] || { printf '#!/bin/sh\nexport PYTHONPATH=%s:"$PYTHONPATH"\nexec %s -m adp_gateway "$@"\n' \
   "$PYTHONPATH" "$($PY -c 'import sys; print(sys.executable)')" > "$PYBIN/adp-gateway" && chmod +x "$PYBIN/adp-gateway"; }
 
-D=""  # a directory on a real disk that takes O_DIRECT
+D=""  # a directory of this run's own, on a real disk that takes O_DIRECT
 for d in ${DATA_DIRS:-/tmp /var/tmp /root}; do
-  if [ "$(stat -f -c %T "$d" 2>/dev/null)" != tmpfs ] &&
-    dd if=/dev/zero of="$d/.odt" bs=1M count=4 oflag=direct status=none 2>/dev/null; then
-    D=$d/adp-h200; rm -f "$d/.odt"; break
+  [ "$(stat -f -c %T "$d" 2>/dev/null)" != tmpfs ] || continue
+  probe=$(mktemp "$d/.odt.XXXXXX" 2>/dev/null) || continue
+  if dd if=/dev/zero of="$probe" bs=1M count=4 oflag=direct status=none 2>/dev/null; then
+    rm -f "$probe"; D=$(mktemp -d "$d/adp-h200.XXXXXX"); break
   fi
-  rm -f "$d/.odt"
+  rm -f "$probe"
 done
 [ -z "$D" ] && { echo "no directory takes O_DIRECT"; exit 1; }
-rm -rf "$D"; mkdir -p "$D" "$OUT/logs"; ts "data dir $D: $(df -h "$D" | tail -1)"
+mkdir -p "$OUT/logs"; ts "data dir $D: $(df -h "$D" | tail -1)"
+
+own_server() {  # the first `gpu_lmc.py server` among the descendants of pid $1
+  local kid found
+  for kid in $(pgrep -P "$1"); do
+    if tr '\0' ' ' < "/proc/$kid/cmdline" 2>/dev/null | grep -q "gpu_lmc.py server"; then
+      echo "$kid"; return
+    fi
+    found=$(own_server "$kid"); [ -z "$found" ] || { echo "$found"; return; }
+  done
+}
 
 for step in $STEPS; do
   case $step in
@@ -97,8 +108,8 @@ for step in $STEPS; do
       $PY -m bench.lookup_under_load --dir "$D/gil" --mode "${MODE:-gpu}" --prompt-mib "${LOOKUP_MIB:-1024}" \
         --prompts "${LOOKUP_PROMPTS:-4}" --rounds 1 --contenders "$C" --skip-exists ${LOOKUP_ARGS:-} \
         --lmcache-bin $BIN --out "$OUT/gil-lookup" > "$OUT/gil-lookup.log" 2>&1 &
-      BENCH=$!; PID=""
-      for _ in $(seq 1200); do PID=$(pgrep -f "gpu_lmc.py server" | head -1); [ -n "$PID" ] && break; sleep 0.1; done
+      BENCH=$!; PID=""  # the server this bench started, never another process of that name
+      for _ in $(seq 1200); do PID=$(own_server "$BENCH"); [ -n "$PID" ] && break; sleep 0.1; done
       [ -n "$PID" ] && timeout $(( $(left) - 5 )) .stage/py-spy record --gil --threads --nonblocking -r 500 \
         -f raw -o "$OUT/gil.txt" -p "$PID" > "$OUT/gil-spy.log" 2>&1
       wait $BENCH; echo "gil rc=$?"; $PY bench/gil_share.py "$OUT/gil.txt"

@@ -25,7 +25,7 @@ write-through to L2 has settled.
 The KV cache is regenerated from LMCache's fixed seed in both phases, so each phase digests the
 prompt's blocks (xxh3 over their bytes) before it touches them; a restore is correct when the
 digest after RETRIEVE equals that one (and the store phase's, which the caller compares).
-With ``LMC_C10_SHIM`` set, the c10 shim (../shared/device/README.md) is loaded before lmcache.
+With ``LMC_C10_SHIM`` set, the c10 shim (bench/gpu_lmc.py says why) is loaded before lmcache.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ NULL_ADAPTER = {  # the floor: an adapter that costs LMCache nothing (bench/null
 
 
 def client_main(args: argparse.Namespace) -> int:
-    shim = os.environ.get("LMC_C10_SHIM")  # the H200's torch needs it (shared/device/README.md)
+    shim = os.environ.get("LMC_C10_SHIM")  # the H200's torch needs it (bench/gpu_lmc.py)
     import torch  # noqa: F401
 
     if shim:

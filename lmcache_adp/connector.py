@@ -1,6 +1,7 @@
 """``ADPConnector``: LMCache's native_plugin L2 adapter, forwarding to the storage gateway.
 
-Contract with LMCache (shared/reference/lmcache-native-plugin.md, section 1):
+Contract with LMCache (its wrapper, lmcache/v1/distributed/l2_adapters/
+native_plugin_l2_adapter.py in LMCache 0.5.6):
 
 - ``submit_batch_*`` run under LMCache's adapter lock: they append to a bounded inbox, ring a
   doorbell and return a future id; they never block or wait. A full inbox fails the new batch
@@ -28,6 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import threading
 
 from tenacity import Retrying, retry_if_result, stop_when_event_set, wait_random_exponential
@@ -46,6 +48,10 @@ from lmcache_adp.shared import Shared
 
 HANDSHAKE_TIMEOUT_S = 2.0
 CONNECT_WAIT_S = 0.5  # the most the constructor waits for a first handshake
+# LMCache's MP server: imported where an `lmcache server` runs the plugin, whose L1 could be put
+# in shared memory; not where a client such as `lmcache bench l2` makes the adapter itself over
+# buffers of its own, for which the advice would be wrong.
+LMCACHE_SERVER_MODULE = "lmcache.v1.multiprocess.server"
 
 
 class ADPConnector:
@@ -224,7 +230,8 @@ class ADPConnector:
             stores = "the gateway copies stores out of L1 itself (remote copy)"
         else:
             stores = "copy path"
-            if self._params.zero_copy and segment is None:
+            in_a_server = LMCACHE_SERVER_MODULE in sys.modules  # not a bench client's advice
+            if self._params.zero_copy and segment is None and in_a_server:
                 stores += ": L1 is private memory"
                 if self._params.remote_copy:
                     stores += " and the gateway may not read this process (remote copy)"

@@ -25,16 +25,21 @@ if [ ! -e "$stamp" ]; then
   pip=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
   # pip's exit status, without the local index's noise about packages it does not hold.
   quiet_pip() { "${pip[@]}" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a dir" || true; }; }
-  if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+  # torch's version from its metadata: importing torch before numpy is installed prints
+  # "Failed to initialize NumPy" (numpy comes with the project's dependencies, below).
+  torch_version() { "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))'; }
+  if ! torch_version >/dev/null 2>&1; then
     echo "setup-env: installing torch 2.13.0 (CPU)"
     quiet_pip install torch==2.13.0
   fi
   constraints="$VENV/torch-constraint.txt"
-  "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
+  version=$(torch_version)
+  echo "torch==$version" > "$constraints"
   echo "setup-env: installing lmcache-adp[$EXTRAS] (lmcache 0.5.6 takes a minute or two)"
   PIP_CONSTRAINT="$constraints" quiet_pip install -e "$ROOT[$EXTRAS]"
-  "$VENV/bin/python" -c 'import lmcache_adp, lmcache' \
-    || { echo "setup-env: the install failed, see above" >&2; exit 1; }
+  # LMCache logs as it is imported: its lines only when the import fails.
+  imported=$("$VENV/bin/python" -c 'import lmcache_adp, lmcache' 2>&1) \
+    || { echo "$imported" >&2; echo "setup-env: the install failed, see above" >&2; exit 1; }
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH" LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves a running gateway stores and restores byte-exact: LMCache's own `lmcache bench l2`
 # with the shipped adapter JSON (configs/l2-adapter.json) stores 32 objects of 4 MiB through the
-# plugin, looks them up and loads them back, comparing every byte. Exit 0 when all match.
+# plugin, looks them up and loads them back, comparing every byte. Exit 0 when all match. It
+# prints its own lines only, and the bench's output when the bench fails.
 #
 #   scripts/smoke.sh [--socket PATH]        # the gateway's --socket (default: its default)
 set -euo pipefail
@@ -25,10 +26,12 @@ PY
 out=$(mktemp -d "${TMPDIR:-/tmp}/adp-smoke.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 # Store, look up and load 32 x 4 MiB; --no-skip-verify compares every byte loaded with what was
-# stored, and exits non-zero on any difference.
+# stored, and exits non-zero on any difference. The bench's own output (LMCache's and the
+# plugin's log lines, about the bench's process, not the served stack) only when it fails.
 lmcache bench l2 --l2-adapter "$spec" --num-keys 32 --data-size-kb 4096 --rounds 1 \
   --warmup-rounds 0 --l1-align-bytes 4096 --lookup-max-hit-rate 1 --no-skip-verify \
-  --format json --output "$out/bench.json" -q > /dev/null
+  --format json --output "$out/bench.json" -q > "$out/bench.log" 2>&1 \
+  || { cat "$out/bench.log" >&2; echo "smoke.sh: lmcache bench l2 failed (its output is above)" >&2; exit 1; }
 python - "$out/bench.json" <<'PY'
 import json, sys
 metrics = json.load(open(sys.argv[1]))["metrics"]

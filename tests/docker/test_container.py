@@ -3,7 +3,8 @@ keeps its data in a host directory and serves its socket in a host directory sha
 containers and the host; what LMCache's own harness stores there, from a second container and
 from the host, loads back (byte-verified) in new processes after the gateway container restarts;
 the socket's uid/gid rule admits the image's user and members of its group and no one else; the
-gateway serves /healthz, /readyz and /metrics when given a metrics address; all of it confined
+gateway serves /healthz, /readyz and /metrics when given a metrics address; `docker exec ...
+adp-gateway status` finds the gateway's socket by the image's $ADP_SOCKET; all of it confined
 as deploy/k8s runs it (read-only root, no capabilities, no network). The HEALTHCHECK tells a
 serving gateway (`adp-gateway status`, ready) and a serving lmcache server (the image's second
 entry point, with the plugin connected to the gateway) from a starting one, and fails once the
@@ -221,6 +222,10 @@ def test_keys_stored_through_the_shared_socket_load_after_the_gateway_container_
     if os.geteuid() == 0:
         info = dirs.socket_path.stat()
         assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (UID, GID, 0o660)
+    # As deploy/docker/README.md says: status finds the socket in the image's $ADP_SOCKET.
+    status = docker("exec", gateway, "adp-gateway", "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"gateway on {SOCKET_IN_CONTAINER}: ready" in status.stdout, status.stdout
 
     # A second container, as the image's user: store, look up and load, every byte verified.
     first = bench(containers, "first.json", "--no-skip-verify")
@@ -228,7 +233,8 @@ def test_keys_stored_through_the_shared_socket_load_after_the_gateway_container_
         assert first[op]["total_success"] == first[op]["total_keys"] > 0, first[op]
     assert roundtrip_from_host(dirs, "store", seed=7) == 0  # the host, through the same socket
 
-    restarted = docker("restart", "--time", "60", gateway, timeout_s=120)
+    # -t: Docker 23 and later call it --timeout, earlier ones --time.
+    restarted = docker("restart", "-t", "60", gateway, timeout_s=120)
     assert restarted.returncode == 0, restarted.stderr
     wait_healthy(gateway)
     assert "gateway stopped" in logs(gateway)  # STOPSIGNAL reached it: a clean stop

@@ -1,5 +1,6 @@
 """Fixtures of the end-to-end suite: a tiny model built offline, and every process a test starts
-stopped at its end, pass or fail, with a check that nothing it started is left behind."""
+stopped at its end, pass or fail, with a check that nothing it started is left behind
+(``owned_stack``: only what its own processes made, never another process's files)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.support import (
     remove_tree,
     short_tmpdir,
 )
-from tests.support.e2e_stack import E2E_BIN, ENV, HERE, Stack, Vllm, shared_memory_files
+from tests.support.e2e_stack import E2E_BIN, ENV, HERE, Stack, Vllm, owned_stack
 
 SEEDS = (1, 2, 3, 4)
 
@@ -44,17 +45,11 @@ def model_dir() -> Iterator[Path]:
 @pytest.fixture
 def stack(model_dir: Path) -> Iterator[Stack]:
     workdir = short_tmpdir()
-    before = shared_memory_files()
-    stack = Stack(workdir, model_dir)
     try:
-        yield stack
+        with owned_stack(workdir, model_dir) as stack:
+            yield stack
     finally:
-        stack.stop_all()
-        leaked = shared_memory_files() - before
-        for path in leaked:
-            path.unlink(missing_ok=True)
         remove_tree(workdir)
-        assert not leaked, f"shared memory left behind: {sorted(map(str, leaked))}"
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
   the same traffic (a real ``lmcache server`` with our plugin, driven by LMCache's client):
   chunks stored, chunks looked up, chunks loaded from L2. ``/healthz`` and ``/readyz`` answer.
 - ``adp-gateway status`` reports a running gateway (capacity, objects, sessions, tenants,
-  databases, the last minute's rates), as lines or JSON.
+  databases, the last minute's rates), as lines in plain words or JSON, at ``--socket`` or
+  ``$ADP_SOCKET``.
 - ``adp-gateway verify`` restores a synthetic prompt through a running server byte-exact
   (exit 0), and says so, exiting 1, when L2 cannot give it back.
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import urllib.error
@@ -115,9 +117,9 @@ def test_readyz_is_503_until_the_gateway_serves_and_healthz_once_it_is_stuck() -
         server.stop()
 
 
-def adp_gateway(*args: str) -> subprocess.CompletedProcess[str]:
+def adp_gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(BIN / "adp-gateway"), *args], capture_output=True, text=True, timeout=300
+        [str(BIN / "adp-gateway"), *args], capture_output=True, text=True, timeout=300, env=env
     )
 
 
@@ -133,8 +135,16 @@ def test_status_reports_a_running_gateway(
     assert status["databases"][0]["health"] == "ok"
     assert 0 < status["used_bytes"] <= status["capacity_bytes"]
     assert set(status["rates_last_minute"]) >= {"store_keys", "written_bytes"}
-    lines = adp_gateway("status", "--socket", str(gateway.socket_path)).stdout
+    # In plain words; and $ADP_SOCKET (which the image sets) stands in for --socket.
+    environment = {**os.environ, "ADP_SOCKET": str(gateway.socket_path)}
+    lines = adp_gateway("status", env=environment).stdout
     assert "ready" in lines and "2 objects" in lines and "1 of tenant 'default'" in lines
+    assert re.search(
+        r"tenant 'default': 1 session, uses \d+ MiB of disk \(whole regions\) of the "
+        r"\d+(\.\d)? [MG]iB it may use",
+        lines,
+    ), lines
+    assert ".0 " not in lines and " 1 sessions" not in lines, lines
 
     absent = adp_gateway("status", "--socket", str(gateway.socket_path) + ".nothing")
     assert absent.returncode == 2 and "no gateway answers at" in absent.stderr

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
@@ -27,6 +28,7 @@ import pytest
 from adp_wire.ring.layout import align_up
 from lmcache_adp import ADPConnector
 from tests.support import (
+    BIN,
     Gateway,
     LMCacheServer,
     store_then_load_from_l2,
@@ -137,30 +139,56 @@ def test_whole_page_stores_go_from_shared_l1_to_disk_and_every_load_through_the_
     copying.close()
 
 
+HINT = "copy path: L1 is private memory; `lmcache server --shm-name NAME --no-l1-use-lazy`"
+
+
 def test_the_plugin_says_which_path_its_stores_take_and_how_to_make_them_zero_copy(
     gateway: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """LMCache started without --shm-name: the gateway copies the stores out of its memory
-    (test_remote_copy.py); with that off, the connected line says the stores take the copy path
-    and how to change it; not when zero_copy is turned off on purpose, nor when L1 is in shared
-    memory."""
+    """Which path the stores take, in the connected line: with L1 private here, the gateway
+    copies them out of this process (test_remote_copy.py); with that off too, the copy path. The
+    advice to put L1 in shared memory goes only where it applies (a real `lmcache server` with
+    private L1 and no remote copy, the next test), never when L1 is in shared memory."""
     caplog.set_level(logging.INFO, logger="lmcache_adp")
-    hint = "copy path: L1 is private memory; `lmcache server --shm-name NAME --no-l1-use-lazy`"
     plugin(gateway).close()  # no L1 segment is mapped in this process
-    assert "(remote copy)" in caplog.text and hint not in caplog.text
-    caplog.clear()
-    plugin(gateway, remote_copy=False).close()
-    assert hint in caplog.text
+    assert "(remote copy)" in caplog.text and HINT not in caplog.text
     caplog.clear()
     plugin(gateway, zero_copy=False, remote_copy=False).close()
-    assert "copy path)" in caplog.text and hint not in caplog.text
+    assert "copy path)" in caplog.text and HINT not in caplog.text
     caplog.clear()
     segment = SharedL1(2**20)
     try:
         plugin(gateway).close()
     finally:
         segment.close()
-    assert "zero-copy stores from L1)" in caplog.text and hint not in caplog.text
+    assert "zero-copy stores from L1)" in caplog.text and HINT not in caplog.text
+
+
+def test_the_advice_on_private_l1_goes_to_a_server_and_never_to_a_bench_client(
+    gateway: Gateway, make_server: Callable[..., LMCacheServer], workdir: Path
+) -> None:
+    """`lmcache bench l2` (scripts/smoke.sh) makes the adapter over buffers of its own: there
+    is no `--shm-name` to give it, so the advice would only say, wrongly, that the served stack
+    is not zero-copy. A real `lmcache server` with private L1 whose stores the plugin copies
+    (remote copy off here) gets it."""
+    out = workdir / "bench.json"
+    spec = gateway.l2_adapter_json(remote_copy=False)
+    bench = subprocess.run(
+        [
+            str(BIN / "lmcache"), "bench", "l2", "--l2-adapter", spec,
+            "--num-keys", "2", "--data-size-kb", "256", "--rounds", "1", "--warmup-rounds", "0",
+            "--l1-align-bytes", "4096", "--format", "json", "--output", str(out),
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    said = bench.stdout + bench.stderr
+    assert bench.returncode == 0, said[-3000:]
+    assert "connected to the gateway" in said and "copy path)" in said, said[-3000:]
+    assert HINT not in said
+
+    server = make_server(spec).start()
+    wait_until(lambda: "connected to the gateway" in server.log(), 30, "the plugin to connect")
+    assert HINT in server.log()
 
 
 def test_no_byte_of_l1_beyond_an_object_reaches_the_disk(

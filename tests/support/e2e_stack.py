@@ -1,6 +1,7 @@
 """vLLM for the end-to-end suite: `run_vllm.py --stdin` in the e2e venv, one engine per process,
-fed one JSON request per line, and the ``Stack`` of processes one test starts. The gateway and
-the LMCache server come from tests.support."""
+fed one JSON request per line, and the ``Stack`` of processes one test starts, with
+``owned_stack``, which stops them at the end and removes what they left in /dev/shm and nothing
+else. The gateway and the LMCache server come from tests.support."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +138,13 @@ class Stack:
         self.processes.append(engine)
         return engine.start(self.model, server.port if server else None)
 
+    def sessions(self) -> set[int]:
+        """The sessions of every process started: each is its own session's leader, and its
+        workers and helpers stay in that session."""
+        return {p.proc.pid for p in self.processes if p.proc is not None}
+
     def stop_all(self) -> None:
-        """Stop everything, then check that no process of theirs and no LMCache shm is left."""
+        """Stop everything and wait until no process of theirs is left."""
         for process in reversed(self.processes):
             process.stop(signal.SIGKILL if process.name == "vllm" else signal.SIGTERM, 30)
         groups = [p.proc.pid for p in self.processes if p.proc is not None]
@@ -155,7 +162,90 @@ def _group_alive(group: int) -> bool:
     return True
 
 
-def shared_memory_files() -> set[Path]:
-    """What LMCache (lmcache_*) and vLLM's multiprocessing (psm_*, sem.mp-*) put in /dev/shm."""
-    shm = Path("/dev/shm")
-    return {p for pattern in ("lmcache_*", "psm_*", "sem.mp-*") for p in shm.glob(pattern)}
+@contextlib.contextmanager
+def owned_stack(workdir: Path, model: Path) -> Iterator[Stack]:
+    """A ``Stack`` whose processes are all stopped at the end, pass or fail; then whatever they
+    left in /dev/shm (L1 segments, vLLM's psm_* and sem.mp-* files) is removed and the test
+    fails naming it. Only files the stack's own processes were seen holding count: another
+    process's files, such as the L1 of a user's `lmcache server` on the same host, are never
+    touched, even when they appear while the test runs."""
+    before = set(SHM.iterdir())
+    stack = Stack(workdir, model)
+    watch = SharedMemoryWatch(stack.sessions)
+    watch.start()
+    try:
+        yield stack
+    finally:
+        try:
+            watch.sample()  # what the processes hold as they are stopped
+            stack.stop_all()
+        finally:
+            watch.stop()
+        leaked = sorted(path for path in watch.seen - before if path.exists())
+        for path in leaked:
+            path.unlink(missing_ok=True)
+        assert not leaked, f"shared memory left behind: {list(map(str, leaked))}"
+
+
+SHM = Path("/dev/shm")
+
+
+class SharedMemoryWatch:
+    """Which /dev/shm files the processes of some sessions hold (mapped or open), sampled from
+    /proc every ``interval_s`` while they run: the files they made, and only those, can be
+    theirs to clean up. A file made and let go of between two samples goes unseen."""
+
+    def __init__(self, sessions: Callable[[], set[int]], interval_s: float = 0.5) -> None:
+        self.sessions = sessions
+        self.interval_s = interval_s
+        self.seen: set[Path] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shm-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.sample()
+
+    def sample(self) -> None:
+        sessions = self.sessions()
+        if sessions:
+            for pid in _pids_of(sessions):
+                self.seen |= _shm_files_of(pid)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+
+def _pids_of(sessions: set[int]) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(")", 1)[1].split()[3]) in sessions:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _shm_files_of(pid: int) -> set[Path]:
+    held: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6:
+                held.add(fields[5])
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                held.add(os.readlink(fd.path))
+    prefix = f"{SHM}/"
+    return {Path(name.removesuffix(" (deleted)")) for name in held if name.startswith(prefix)}

@@ -116,3 +116,28 @@ def test_the_entrypoint_gives_the_gateway_its_socket_and_data_dir_or_config(
     metrics = {"ADP_METRICS_ADDRESS": "0.0.0.0:9464", **env}
     assert entrypoint(tmp_socket_dir, **metrics)[-2:] == ["--metrics-address", "0.0.0.0:9464"]
     assert entrypoint(tmp_socket_dir, "adp-gateway", "check", **env) == ["adp-gateway", "check"]
+
+
+def test_the_build_stage_copies_each_source_once_and_every_package() -> None:
+    """A path copied twice is a layer built twice and a sign the list drifted from the code."""
+    build_stage = (ROOT / "Dockerfile").read_text().split("\nFROM ")[1]
+    sources = [
+        line.split()[1:-1]
+        for line in build_stage.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+    ]
+    flat = [source.rstrip("/") for copied in sources for source in copied]
+    assert len(flat) == len(set(flat)), flat
+    assert {"adp_wire", "lmcache_adp", "adp_gateway"} <= set(flat)
+    allowed = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if "!" in line]
+    assert len(allowed) == len(set(allowed)), allowed
+
+
+def test_the_offline_build_is_one_script_the_readme_names() -> None:
+    """deploy/docker/README.md gives users scripts/docker-offline.sh (tests/docker builds the
+    image with it), not commands of its own to copy."""
+    script = ROOT / "scripts" / "docker-offline.sh"
+    assert script.stat().st_mode & 0o111
+    readme = (DOCKER / "README.md").read_text()
+    assert "scripts/docker-offline.sh" in readme
+    assert "pip download" not in readme and "constraints.txt" not in readme

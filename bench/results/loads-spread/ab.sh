@@ -1,6 +1,6 @@
 #!/bin/bash
 # Interleaved A/B of the small-doorbell spread: worktree A (HEAD) and B (spread 4), 256 KiB x 8 keys.
-source /work/main/.venv/bin/activate
+source .venv/bin/activate
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1
 for r in 1 2; do
   for v in A B; do

@@ -1,5 +1,5 @@
 #!/bin/bash
-source /work/main/.venv/bin/activate
+source .venv/bin/activate
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1
 for r in 1 2; do
   for v in A B; do
