@@ -53,7 +53,8 @@ class GatewayConfig(Settings):
     session_window_size: ByteSize = Field(default=512 * 2**20, ge=PAGE_BYTES)
     # null: no bound of the gateway's own; each session's slots bound its queued stores
     store_backlog_max: ByteSize | None = None
-    store_inflight_max: ByteSize = 64 * 2**20
+    # null: what the databases drain in 25 ms at the rate stores write (adp_gateway/write_depth.py)
+    store_inflight_max: ByteSize | None = None
     # the gateway's nice value, so that the model server's threads run first on a busy host
     # (adp_gateway/priority.py); 0 keeps the priority it was started with
     cpu_nice: int = Field(default=19, ge=0, le=19)

@@ -7,9 +7,11 @@ meanwhile, and each session's slots bound how many it has queued. Only where the
 ``store_backlog_max`` are stores beyond that many queued bytes refused at once.
 EXISTS never comes here: the session answers it from the index.
 
-Write depth: stores writing at once may hold at most ``store_inflight_max`` bytes (one store
-always may run). A load that arrives then finds free I/O threads and, at the disk, queues behind
-that much writing at most, instead of behind every store the I/O threads could hold. While a load
+Write depth: stores writing at once may hold at most what the databases drain in 25 ms at the
+rate stores were last seen to write, 64 MiB at least (write_depth.py), or ``store_inflight_max``
+bytes where the config fixes it (one store always may run). A load that arrives then finds free
+I/O threads and, at the device, queues behind that much writing at most, instead of behind every
+store the I/O threads could hold. While a load
 runs or waits, writes yield further: a store starts only when no other store is writing, so the
 disk serves the load beside one store's writes at most. A store
 whose writes have landed (``writes_landed``, called from inside its task) stops counting while
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from adp_gateway.write_depth import WriteDepth
 from adp_wire.protocol import Status
 
 
@@ -52,14 +55,17 @@ class Task:
     run: Callable[[], None] = field(repr=False)  # does the work and completes the op
     cancel: Callable[[Status], None] = field(repr=False)  # completes the op with this status
     databases: frozenset[int] = frozenset()  # what its I/O touches
-    # Of its bytes, those counted against store_inflight_max now (while a store writes).
+    # Of its bytes, those counted against the write depth now (while a store writes), and since
+    # when.
     writing_bytes: int = field(default=0, init=False, repr=False)
+    writing_since_ns: int = field(default=0, init=False, repr=False)
 
 
 @dataclass(frozen=True)
 class SchedulerStatistics:
     queued: tuple[int, ...]  # per priority
     store_backlog_bytes: int
+    write_depth_bytes: int  # the bytes of stores that may write at once now
 
 
 class Scheduler:
@@ -73,7 +79,7 @@ class Scheduler:
         self._store_backlog_max = store_backlog_max
         self._on_load = on_load  # called with each load it queued (adp_gateway/priority.py)
         self._per_database_max = per_database_max
-        self._store_inflight_max = store_inflight_max
+        self._depth = WriteDepth(store_inflight_max)
         self._store_running_bytes = 0
         self._loads_running = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
@@ -129,11 +135,13 @@ class Scheduler:
 
     def writes_landed(self) -> None:
         """Called by the task this thread runs: a store's writes are on the device, so its
-        bytes no longer count against ``store_inflight_max`` (it may still wait for a sync)."""
+        bytes no longer count against the write depth (it may still wait for a sync), and the
+        time they took tells the depth how fast the devices write."""
         task: Task | None = getattr(self._current, "task", None)
         if task is None or not task.writing_bytes:
             return
         with self._ready:
+            self._depth.wrote(task.writing_bytes, task.writing_since_ns, time.monotonic_ns())
             self._store_running_bytes -= task.writing_bytes
             task.writing_bytes = 0
             self._wake()
@@ -193,7 +201,8 @@ class Scheduler:
     def statistics(self) -> SchedulerStatistics:
         with self._ready:
             queued = tuple(sum(len(q) for q in queues.values()) for queues in self._queues)
-            return SchedulerStatistics(queued, self._store_backlog_bytes)
+            depth = self._depth.limit()
+            return SchedulerStatistics(queued, self._store_backlog_bytes, depth)
 
     def _pop(self) -> Task | None:
         now = time.monotonic_ns()
@@ -212,6 +221,7 @@ class Scheduler:
                 self._loads_running += task.priority == Priority.LOAD
                 if task.priority == Priority.STORE:
                     task.writing_bytes = task.data_bytes
+                    task.writing_since_ns = now
                     self._store_running_bytes += task.data_bytes
                 return task
         return None
@@ -222,8 +232,7 @@ class Scheduler:
         if task.priority == Priority.STORE and self._store_running_bytes:
             if self._loading():
                 return False  # writes yield to reads: one store writing at most
-            depth = self._store_inflight_max
-            if depth is not None and self._store_running_bytes + task.data_bytes > depth:
+            if self._store_running_bytes + task.data_bytes > self._depth.limit():
                 return False
         limit = self._per_database_max
         return limit is None or all(self._running[d] < limit for d in task.databases)

@@ -154,6 +154,7 @@ class Gateway:
             "tenants": {t: self._tenant_state(t, sessions[t]) for t in tenants},
             "queued": dict(zip(("loads", "stores", "deletes"), queued.queued, strict=True)),
             "store_backlog_bytes": queued.store_backlog_bytes,
+            "write_depth_bytes": queued.write_depth_bytes,
             "evicted_regions": store.reclaims,
             "databases": [device.state() for device in self.devices],
             "rates_last_minute": self._rates.per_second(),

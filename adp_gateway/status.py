@@ -47,7 +47,8 @@ def render(status: dict[str, Any]) -> str:
         f"{_count(status['evicted_regions'], 'region')} evicted",
         f"  sessions: {_sessions(status['sessions'])}",
         f"  queued: {_count(queued['loads'], 'load')}, {_count(queued['stores'], 'store')} "
-        f"({_size(status['store_backlog_bytes'])}), {_count(queued['deletes'], 'delete')}",
+        f"({_size(status['store_backlog_bytes'])}), {_count(queued['deletes'], 'delete')}; "
+        f"stores may write {_size(status['write_depth_bytes'])} at once",
     ]
     for name, tenant in status["tenants"].items():
         lines.append(

@@ -42,6 +42,7 @@ from typing import Any
 
 from adp_gateway.config import GatewayConfig
 from adp_gateway.format import HEADER_BYTES
+from adp_gateway.write_depth import FLOOR_BYTES
 from adp_wire import fragmenter
 from adp_wire.ring.layout import align_up
 
@@ -78,7 +79,8 @@ def gateway_shapes(object_bytes: int, config: GatewayConfig | None = None) -> di
     config = config or GatewayConfig()
     fragments = fragmenter.plan(object_bytes, config.fragment_size, 1, 0)
     io_bytes = sum(HEADER_BYTES + align_up(f.length) for f in fragments)
-    writers = max(1, min(config.io_threads, config.store_inflight_max // max(object_bytes, 1)))
+    depth = config.store_inflight_max or FLOOR_BYTES  # the least the write depth allows
+    writers = max(1, min(config.io_threads, depth // max(object_bytes, 1)))
     label = _size_label(object_bytes)
     return {
         "write": Shape(f"gateway writes, {label} objects", io_bytes, 1, writers),

@@ -32,6 +32,7 @@ GATEWAY_LAYERS = [
         "adp_gateway.format",
         "adp_gateway.l1",
         "adp_gateway.remote",
+        "adp_gateway.write_depth",
         "adp_gateway.hugepages",
         "adp_gateway.priority",
         "adp_gateway.summary",

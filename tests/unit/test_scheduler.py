@@ -8,7 +8,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from adp_gateway.scheduler import Priority, Scheduler, Task
+from adp_gateway.write_depth import DRAIN_S, FLOOR_BYTES, WriteDepth
 from tests.support import wait_until
 
 
@@ -245,3 +248,35 @@ def test_the_longest_wait_of_a_store_counts_it_queued_and_running_until_it_ends(
     assert 0 < scheduler.store_waited_s() < 0.05  # the second store's wait alone
     assert scheduler.drop_session(1) == [second]
     assert scheduler.store_waited_s() == 0.0
+
+
+def test_the_write_depth_follows_the_rate_stores_write_at_and_a_fixed_one_does_not() -> None:
+    """By default the bytes of stores that may write at once are what the devices drain in
+    DRAIN_S at the rate the last stores wrote (their bytes over the time some store wrote),
+    never below FLOOR_BYTES: a 28 GB/s drive gets the depth it needs, a slow disk keeps loads'
+    wait short. A configured store_inflight_max stays what it is."""
+    ms = 10**6
+    fast, slow, fixed = WriteDepth(), WriteDepth(), WriteDepth(100 * 2**20)
+    for i in range(20):  # two 32 MiB stores side by side every 5 ms: 12.8 GB/s
+        for depth in (fast, fixed):
+            depth.wrote(32 * 2**20, i * 5 * ms, (i + 1) * 5 * ms)
+            depth.wrote(32 * 2**20, i * 5 * ms, (i + 1) * 5 * ms)
+        slow.wrote(32 * 2**20, i * 50 * ms, (i + 1) * 50 * ms)  # 0.67 GB/s
+    assert fast.rate_bytes_per_s() == pytest.approx(64 * 2**20 / 0.005)
+    assert fast.limit() == int(64 * 2**20 / 0.005 * DRAIN_S)  # 335 MB: 25 ms of it
+    assert slow.limit() == FLOOR_BYTES
+    assert fixed.limit() == 100 * 2**20
+    much_later = 10**9 * 100  # the window forgets old stores
+    fast.wrote(4 * 2**20, much_later, much_later + 100 * ms)
+    assert fast.limit() == FLOOR_BYTES
+
+
+def test_stores_write_as_deep_as_the_depth_allows() -> None:
+    scheduler = Scheduler()
+    first, second, third = live_store(40 * 2**20), live_store(30 * 2**20), live_store(2**20)
+    for t in (first, second, third):
+        assert scheduler.submit(t)
+    assert scheduler.next(0) is first
+    assert scheduler.next(0) is third  # 70 MiB would write with the second: over 64 MiB
+    assert scheduler.next(0) is None
+    assert scheduler.statistics().write_depth_bytes == FLOOR_BYTES
