@@ -119,6 +119,10 @@ class Session:
         self._inflight: dict[int, tuple[float, int]] = {}  # slot -> (arrival, keys) of its op
         self._metrics = metrics
         self._lock = threading.Lock()
+        # Threads ringing the complete doorbell now: they ring outside the lock (a system call
+        # there made every I/O thread queue behind the one waiting for the GIL to go on), so
+        # the doorbell is closed by whoever leaves it last, close() or the last of them.
+        self._ringing = 0
         self._closed = False
         self._summary = Summary()  # logged when the session ends
         self._work = SessionWork(
@@ -204,7 +208,7 @@ class Session:
         self._sock.close()
         os.close(self._submit_doorbell)
         with self._lock:
-            os.close(self._complete_doorbell)
+            self._close_complete_doorbell()
         if started:
             log.info("%s closed: %s", self.name, self._summary.describe())
         # Dropping the work breaks the cycle self -> work -> self.complete, so the mapping is
@@ -252,11 +256,24 @@ class Session:
                 log.error("%s: %s; dropping the session", self.name, exc)
                 self.stop()  # run() wakes up and closes the session
                 return
+            self._ringing += 1
+        try:
             doorbell.ring(self._complete_doorbell)
+        finally:
+            with self._lock:
+                self._ringing -= 1
+                if self._closed:
+                    self._close_complete_doorbell()
         mark(Stage.COMPLETE, submission.op_id)
         self._metrics.completed(
             Op(submission.op), self.tenant, status, keys, hits, time.monotonic() - arrived
         )
+
+    def _close_complete_doorbell(self) -> None:
+        """Under the lock, once closed: close the doorbell when no thread rings it (once)."""
+        if not self._ringing and self._complete_doorbell >= 0:
+            os.close(self._complete_doorbell)
+            self._complete_doorbell = -1
 
     def _client_alive(self) -> bool:
         try:
