@@ -84,6 +84,7 @@ class Gateway:
         self._wrap_device = wrap_device or (lambda device: device)
         self.devices: list[DeviceHealth] = []
         self._listener: socket.socket | None = None
+        self._socket_file: os.stat_result | None = None  # what to remove at stop
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
@@ -171,6 +172,7 @@ class Gateway:
         self._listener = listener = unix_socket.listen(
             self.config.socket_path, self.config.socket_group
         )
+        self._socket_file = unix_socket.bound_identity(self.config.socket_path)
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
@@ -194,8 +196,7 @@ class Gateway:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone won't
             self._listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.socket_path)
+            unix_socket.release_path(self.config.socket_path, self._socket_file)
         for task in self.scheduler.close():
             task.cancel(Status.FAILED)  # the client learns at once instead of at its deadline
         with self._lock:
