@@ -26,6 +26,7 @@ from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import HandshakeRefused
+from adp_gateway.footprint import Footprint
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
@@ -59,6 +60,22 @@ class Gateway:
         """``wrap_device`` wraps each database's device (tests inject faults with it);
         ``boost`` is the gateway's priority while loads run (adp_gateway/priority.py)."""
         check_host()
+        footprint = Footprint(config)  # before anything is made: a refused start takes it back
+        self._metrics_server: MetricsServer | None = None
+        try:
+            self._start_up(config, wrap_device, boost)
+        except BaseException:
+            self._abandon_start()
+            footprint.undo()
+            raise
+        self._footprint = footprint
+
+    def _start_up(
+        self,
+        config: GatewayConfig,
+        wrap_device: Callable[[Device], Device] | None,
+        boost: LoadBoost | None,
+    ) -> None:
         # Before the databases are touched: a second gateway on a live socket is refused
         # without creating or preallocating anything.
         unix_socket.claim(config.socket_path, config.socket_group)
@@ -70,7 +87,6 @@ class Gateway:
         self._starting = 0  # sessions being made, counted against max_sessions; under _lock
         self._session_ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:  # /healthz answers during the recovery too
             self._metrics_server = MetricsServer(
                 config.metrics_address,
@@ -103,6 +119,12 @@ class Gateway:
             self._periodic_sync = PeriodicSync(
                 self.store.sync_all, self.config.sync_interval_ms / 1000
             )
+
+    def _abandon_start(self) -> None:
+        """A start refused before the store opened (open_store closes what it opened of it
+        when it fails): let go of the metrics port."""
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
 
     def _open_store(self) -> ObjectStore:
         """Open the card the config names (adp_gateway/card/loader.py) and rebuild its index."""
@@ -169,10 +191,16 @@ class Gateway:
         return {**status, "pools": pools, "device_errors": errors}
 
     def start(self) -> None:
-        self._listener = listener = unix_socket.listen(
-            self.config.socket_path, self.config.socket_group
-        )
-        self._socket_file = unix_socket.bound_identity(self.config.socket_path)
+        """Listen and serve; a start refused here (the socket cannot be bound) stops what was
+        opened and takes back the files this start made (footprint.py)."""
+        try:
+            self._listener = unix_socket.listen(self.config.socket_path, self.config.socket_group)
+            self._socket_file = unix_socket.bound_identity(self.config.socket_path)
+        except BaseException:
+            self.stop()
+            self._footprint.undo()
+            raise
+        listener = self._listener
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):

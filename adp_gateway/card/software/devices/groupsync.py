@@ -75,9 +75,13 @@ class PeriodicSync:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the clock; False when its thread is still in a sync after ``timeout_s`` (a
+        disk that does not answer: the caller goes on without it)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
