@@ -2,10 +2,11 @@
 
 A connection is either a status request (``adp-gateway status``, answered for root and the
 gateway's own user, then closed) or a client's hello: its tenant is admitted (tenants.py), its
-L1 segment mapped for zero-copy ops when it sent one, and a session is opened and welcomed. At
-most ``HANDSHAKES_MAX`` handshakes run at once, each within ``handshake_timeout_s``. A connection
-refused for any reason gets one frame saying why, never waiting on the client; the refusals are
-logged rarely, so a flood of them cannot fill the log.
+L1 segment mapped for zero-copy ops when it sent one, and a session is opened and welcomed. The
+whole handshake, however the client paces its bytes, completes within ``handshake_timeout_s``
+or is dropped, and handshakes in progress are bounded per peer uid (handshake_slots.py). A
+connection refused for any reason gets one frame saying why, never waiting on the client; the
+refusals are logged rarely, so a flood of them cannot fill the log.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from adp_gateway import unix_socket
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
+from adp_gateway.handshake_slots import HandshakeSlots
 from adp_gateway.l1 import L1Segment
 from adp_gateway.session import Session
 from adp_gateway.tenants import Peer, Tenants
@@ -36,7 +38,6 @@ from adp_wire.protocol import (
 from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
-HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 
 # Makes the session of an admitted client, or raises HandshakeRefused (the gateway is full).
 OpenSession = Callable[[socket.socket, Hello, str, L1Segment | None], Session]
@@ -54,7 +55,7 @@ class Reception:
         self._tenants = tenants
         self._open_session = open_session
         self._status = status
-        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
+        self._slots = HandshakeSlots(tenants.declares)
         self._refusals = _RareLog(log)
 
     def run(self, listener: socket.socket) -> None:
@@ -65,32 +66,29 @@ class Reception:
                 conn, _ = listener.accept()
             except OSError:
                 return  # the listener is closed: the gateway is stopping
-            if not self._handshakes.acquire(blocking=False):
-                self._refuse(
-                    conn,
-                    unix_socket.peer_of(conn),
-                    f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
-                )
+            peer = unix_socket.peer_of(conn)
+            busy = self._slots.take(peer)
+            if busy is not None:
+                self._refuse(conn, peer, busy)
                 continue
-            NamedThread(target=self._serve, args=(conn,), name="session", daemon=True).start()
+            NamedThread(target=self._serve, args=(conn, peer), name="session", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: Peer) -> None:
         """Handshake (holding a handshake slot), then run the session (holding none)."""
         try:
-            session = self._handshake(conn)
+            session = self._handshake(conn, peer)
         finally:
-            self._handshakes.release()
+            self._slots.give_back(peer)
         if session is not None:
             session.run()
 
-    def _handshake(self, conn: socket.socket) -> Session | None:
-        peer = unix_socket.peer_of(conn)
+    def _handshake(self, conn: socket.socket, peer: Peer) -> Session | None:
         received: list[int] = []  # the client's L1 segment, if it sent one
+        deadline = time.monotonic() + self._config.handshake_timeout_s  # for all of it
         try:
-            conn.settimeout(self._config.handshake_timeout_s)
-            body, received = recv_frame(conn, fds_max=1)
+            body, received = recv_frame(conn, fds_max=1, deadline=deadline)
             if is_status_request(body):
-                self._answer_status(conn, peer)
+                self._answer_status(conn, peer, deadline)
                 return None
             hello = parse_hello(body)
             self._tenants.admit(hello, peer)
@@ -98,11 +96,14 @@ class Reception:
             session = self._open_session(conn, hello, str(peer), l1)
             try:
                 welcome, fds = session.welcome()
-                send_frame(conn, welcome_body(welcome), fds)
+                send_frame(conn, welcome_body(welcome), fds, deadline)
                 conn.settimeout(None)
             except BaseException:  # the client went away mid-handshake: free what it held
                 session.close(started=False)
                 raise
+        except TimeoutError:
+            self._refuse(conn, peer, self._timed_out())
+            return None
         except (GatewayError, OSError) as exc:
             self._refuse(conn, peer, str(exc) or type(exc).__name__)
             return None
@@ -112,7 +113,13 @@ class Reception:
         log.info("%s connected%s", session.name, " (zero-copy to its L1)" if l1 is not None else "")
         return session
 
-    def _answer_status(self, conn: socket.socket, peer: Peer) -> None:
+    def _timed_out(self) -> str:
+        return (
+            f"the handshake did not complete within handshake_timeout_s "
+            f"({self._config.handshake_timeout_s:g} s); dropped"
+        )
+
+    def _answer_status(self, conn: socket.socket, peer: Peer, deadline: float) -> None:
         """``adp-gateway status``: for the gateway's own user and root only, since it names
         every tenant and what each holds."""
         if peer.uid not in (0, os.geteuid()):
@@ -120,7 +127,7 @@ class Reception:
                 f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
                 f"{peer.uid}"
             )
-        send_frame(conn, {"ok": True, "status": self._status()})
+        send_frame(conn, {"ok": True, "status": self._status()}, deadline=deadline)
         conn.close()
 
     def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:

@@ -58,6 +58,10 @@ class Tenants:
     def open_mode(self) -> bool:
         return not self._tenants
 
+    def declares(self, peer: Peer) -> bool:
+        """Whether a tenant lists ``peer``'s uid or gid (its handshakes get their own slots)."""
+        return any(peer.uid in t.uids or peer.gid in t.gids for t in self._tenants.values())
+
     def admit(self, hello: Hello, peer: Peer) -> None:
         """Raise AccessDenied unless ``peer`` may connect as ``hello.tenant``."""
         if self.open_mode:

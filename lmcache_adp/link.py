@@ -119,19 +119,21 @@ class GatewayLink:
         check_host()
         trust.check_socket_directory(path, trusted)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + timeout_s  # for the whole handshake, however paced
         try:
             sock.settimeout(timeout_s)
             sock.connect(path)
             trust.check_peer(sock, path, trusted)
             if l1 is None:
-                send_frame(sock, hello_body(hello))
+                send_frame(sock, hello_body(hello), deadline=deadline)
             else:
                 segment = l1.open()
                 try:
-                    send_frame(sock, hello_body(replace(hello, l1_bytes=l1.size)), [segment])
+                    body = hello_body(replace(hello, l1_bytes=l1.size))
+                    send_frame(sock, body, [segment], deadline)
                 finally:
                     os.close(segment)
-            body, fds = recv_frame(sock, fds_max=4)
+            body, fds = recv_frame(sock, fds_max=4, deadline=deadline)
             try:
                 welcome = parse_welcome(body)
                 expected = 4 if welcome.presence_slots else 3

@@ -1455,7 +1455,9 @@ def plants(name: str, caught_as: type[BaseException], match: str) -> Callable[[A
 def plant_frame(patch: Patch) -> None:
     """recv_frame's reader forgets that an empty read means EOF: it spins forever."""
 
-    def recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) -> bytes:
+    def recv_exact(
+        sock: socket.socket, size: int, fds_max: int, fds: list[int], deadline: float | None
+    ) -> bytes:
         chunks: list[bytes] = []
         while sum(map(len, chunks)) < size:
             chunks.append(sock.recv(size - sum(map(len, chunks))))
