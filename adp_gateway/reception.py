@@ -5,8 +5,8 @@ gateway's own user, then closed) or a client's hello: its tenant is admitted (te
 L1 segment mapped for zero-copy ops when it sent one, and a session is opened and welcomed. The
 whole handshake, however the client paces its bytes, completes within ``handshake_timeout_s``
 or is dropped, and handshakes in progress are bounded per peer uid (handshake_slots.py). A
-connection refused for any reason gets one frame saying why, never waiting on the client; the
-refusals are logged rarely, so a flood of them cannot fill the log.
+connection refused for any reason gets one frame saying why, never waiting on the client, and
+leaves a line in the log (refusals.py: folded per peer uid and reason under a flood).
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import unix_socket
 from adp_gateway.config import GatewayConfig
-from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
+from adp_gateway.errors import GatewayError, ProtocolError
 from adp_gateway.handshake_slots import HandshakeSlots
 from adp_gateway.l1 import L1Segment
+from adp_gateway.refusals import RefusalLog
 from adp_gateway.session import Session
-from adp_gateway.tenants import Peer, Tenants
+from adp_gateway.tenants import AccessDenied, Peer, Tenants
 from adp_wire.protocol import (
     Hello,
     is_status_request,
@@ -56,7 +56,7 @@ class Reception:
         self._open_session = open_session
         self._status = status
         self._slots = HandshakeSlots(tenants.declares)
-        self._refusals = _RareLog(log)
+        self.refusals = RefusalLog(log)
 
     def run(self, listener: socket.socket) -> None:
         """Accept until the listener is shut down; each connection is served on a thread of
@@ -69,7 +69,7 @@ class Reception:
             peer = unix_socket.peer_of(conn)
             busy = self._slots.take(peer)
             if busy is not None:
-                self._refuse(conn, peer, busy)
+                self._refuse(conn, peer, busy, "busy")
                 continue
             NamedThread(target=self._serve, args=(conn, peer), name="session", daemon=True).start()
 
@@ -102,10 +102,11 @@ class Reception:
                 session.close(started=False)
                 raise
         except TimeoutError:
-            self._refuse(conn, peer, self._timed_out())
+            self._refuse(conn, peer, self._timed_out(), "timeout")
             return None
         except (GatewayError, OSError) as exc:
-            self._refuse(conn, peer, str(exc) or type(exc).__name__)
+            kind = exc.kind if isinstance(exc, AccessDenied) else type(exc).__name__
+            self._refuse(conn, peer, str(exc) or type(exc).__name__, kind)
             return None
         finally:
             for fd in received:
@@ -123,42 +124,22 @@ class Reception:
         """``adp-gateway status``: for the gateway's own user and root only, since it names
         every tenant and what each holds."""
         if peer.uid not in (0, os.geteuid()):
-            raise HandshakeRefused(
+            raise AccessDenied(
                 f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
-                f"{peer.uid}"
+                f"{peer.uid}",
+                "status",
             )
         send_frame(conn, {"ok": True, "status": self._status()}, deadline=deadline)
         conn.close()
 
-    def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
-        """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
-        self._refusals.warning("refused client %s: %s", peer, why)
+    def _refuse(self, conn: socket.socket, peer: Peer, why: str, kind: str) -> None:
+        """Tell the client why in one frame (never waiting on it), close, log (refusals.py:
+        one line per refusal, folded per uid and ``kind`` under a flood)."""
+        self.refusals.refused(peer, kind, why)
         with contextlib.suppress(OSError):
             conn.setblocking(False)
             send_frame(conn, {"ok": False, "error": why})
         conn.close()
-
-
-class _RareLog:
-    """Warnings that a flood could repeat thousands of times: the first one, then at most one
-    line every ``interval_s`` saying how many were left out."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
-        self._logger = logger
-        self._interval_s = interval_s
-        self._next = 0.0
-        self._left_out = 0
-        self._lock = threading.Lock()
-
-    def warning(self, message: str, *args: object) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now < self._next:
-                self._left_out += 1
-                return
-            left_out, self._left_out, self._next = self._left_out, 0, now + self._interval_s
-        suffix = f" (and {left_out} more refusals since the last such line)" if left_out else ""
-        self._logger.warning(message + suffix, *args)
 
 
 def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:

@@ -239,6 +239,7 @@ class Gateway:
         self.presence.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
+        self._reception.refusals.flush()  # the refusals folded since their last line
         log.info("gateway stopped")
 
     def _spawn(self, name: str, target: object) -> None:
@@ -270,6 +271,7 @@ class Gateway:
             if self._boost is not None:
                 self._boost.settle(self.scheduler.loads_pending)
             self._fold_lookups()
+            self._reception.refusals.flush_due()
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
                 self._rates.sample()
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
