@@ -35,7 +35,7 @@ from adp_gateway.presence import Presence
 from adp_gateway.presence import slots_for as presence_slots_for
 from adp_gateway.priority import LoadBoost
 from adp_gateway.reception import Reception
-from adp_gateway.scheduler import Scheduler
+from adp_gateway.scheduler import Scheduler, Task
 from adp_gateway.session import Session
 from adp_gateway.tenants import Tenants
 from adp_wire.protocol import Hello, Status
@@ -250,15 +250,8 @@ class Gateway:
     def _io_loop(self) -> None:
         while not self._stopping.is_set():
             task = self.scheduler.next(timeout_s=0.5)
-            if task is None:
-                continue
-            try:
-                task.run()
-            except Exception:  # a bug must not kill an I/O thread: fail the op, log it
-                log.exception("unexpected error in an I/O task")
-                task.cancel(Status.FAILED)
-            finally:
-                self.scheduler.finished(task)
+            if task is not None:
+                run_task(self.scheduler, task)
 
     def _expire_loop(self) -> None:
         """Fail queued ops past their deadline, even while every I/O thread is stuck, so they
@@ -324,6 +317,18 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+
+
+def run_task(scheduler: Scheduler, task: Task) -> None:
+    """Run one queued task on an I/O thread. A bug must not kill the thread: the task's ops
+    fail (those it completed already stay as they were: a session reports each op once)."""
+    try:
+        task.run()
+    except Exception:
+        log.exception("unexpected error in an I/O task")
+        task.cancel(Status.FAILED)
+    finally:
+        scheduler.finished(task)
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:
