@@ -177,10 +177,15 @@ class Session:
         if self._presence is not None:
             self._presence.release(self.tenant)
         self._scheduler.drop_session(self.session_id)
-        self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
-        if self._l1 is not None:
-            self._l1.close()
-        self._sock.close()
+        # EOF tells the client the gateway has let go of its L1: the socket closes once no
+        # zero-copy store reads it, which may be after this session is gone (a write stuck in
+        # the kernel); the session does not wait for it.
+        if not self._l1_readers.close(self._let_go_of_client):
+            log.warning(
+                "%s: a zero-copy store is still being written from the client's L1; its "
+                "socket closes once the kernel has finished with it",
+                self.name,
+            )
         os.close(self._submit_doorbell)
         with self._lock:
             os.close(self._complete_doorbell)
@@ -190,6 +195,12 @@ class Session:
         # freed as soon as the last queued task lets go of it, not at the collector's next pass.
         del self._work
         self._on_close(self)
+
+    def _let_go_of_client(self) -> None:
+        """No zero-copy store reads the client's L1 any more: unmap it, close the socket."""
+        if self._l1 is not None:
+            self._l1.close()
+        self._sock.close()
 
     def _close_memfd(self) -> None:
         """Close the fds only the handshake needed (the ring's memfd, the presence table's)."""
