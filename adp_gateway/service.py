@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.1
 RATE_SAMPLE_INTERVAL_S = 5.0
 STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not ticked this long
+# A stop waits this long for running I/O, then this long for the seal and final sync: both
+# within systemd's TimeoutStopSec (60 s in docs/operations.md), so a stuck disk never makes the
+# gateway wait on the kernel for ever (docs/reliability.md, "Every wait has a deadline").
+STOP_IO_WAIT_S = 10.0
+CLOSE_WAIT_S = 10.0
 
 
 class Gateway:
@@ -231,16 +236,55 @@ class Gateway:
             sessions = list(self._sessions.values())
         for session in sessions:
             session.stop()
+        # Running I/O gets STOP_IO_WAIT_S in all to finish. A thread still inside the kernel
+        # after that (a disk that does not answer) keeps its fds: the store is then left as a
+        # kill leaves it (the next start walks its open regions), never closed under it.
+        deadline = time.monotonic() + STOP_IO_WAIT_S
         for thread in self._threads:
-            thread.join(timeout=30)
-        if self._periodic_sync is not None:
-            self._periodic_sync.stop()
-        self.store.close()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        if self._periodic_sync is not None and not self._periodic_sync.stop(
+            max(0.0, deadline - time.monotonic())
+        ):
+            stuck.append("periodic-sync")
+        if stuck:
+            log.error(
+                "%s still waiting on the disk after %g s: stopping without sealing the open "
+                "regions or closing the databases (the next start recovers them as after a "
+                "kill)",
+                ", ".join(stuck),
+                STOP_IO_WAIT_S,
+            )
+        else:
+            self._close_store()
         self.presence.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         self._reception.refusals.flush()  # the refusals folded since their last line
         log.info("gateway stopped")
+
+    def _close_store(self) -> None:
+        """Seal, sync and close the store, on a thread of its own: a final sync the disk never
+        answers costs the stop CLOSE_WAIT_S, not the whole stop. Raises what close raised."""
+        failure: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                self.store.close()
+            except BaseException as exc:  # handed to the stopping thread
+                failure.append(exc)
+
+        closer = NamedThread(target=close, name="close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
+        if closer.is_alive():
+            log.error(
+                "closing the databases (sealing, the final sync) has not returned in %g s: "
+                "stopping without waiting for it (the next start recovers what it did not do)",
+                CLOSE_WAIT_S,
+            )
+        elif failure:
+            raise failure[0]
 
     def _spawn(self, name: str, target: object) -> None:
         thread = NamedThread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
