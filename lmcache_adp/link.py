@@ -166,13 +166,15 @@ class GatewayLink:
         except OSError:
             return False
 
-    def try_reserve(self, request: Request, slots_max: int, window_bytes_max: int) -> bool:
+    def try_reserve(
+        self, request: Request, slots_max: int, window_bytes_max: int, slots_kept: int = 0
+    ) -> bool:
         """Take a slot (and a window extent for a GET or a SET that is not zero-copy), as long
         as requests of its op then hold at most ``slots_max`` slots and ``window_bytes_max``
-        bytes of the window (one object always may, so no object is too large to ever go);
-        False when there is no room."""
+        bytes of the window (one object always may, so no object is too large to ever go),
+        and ``slots_kept`` slots stay free (lookups' share); False when there is no room."""
         op = request.op
-        if not self._free_slots or self._held_slots[op] >= slots_max:
+        if len(self._free_slots) <= slots_kept or self._held_slots[op] >= slots_max:
             return False
         data_bytes = 0
         if request.l1_offset is not None:
