@@ -12,8 +12,6 @@ run while a gateway uses the databases.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +19,7 @@ from typing import Never
 
 from tqdm import tqdm
 
-from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.filedevice import FileDevice, open_existing
 from adp_gateway.card.software.devices.reader import RegionReader, aligned
 from adp_gateway.card.software.recovery import (
     first_header,
@@ -66,7 +64,7 @@ class Report:
 
 def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], None]) -> Report:
     report = Report()
-    devices = [_open(path) for path in paths]
+    devices = [open_existing(path) for path in paths]
     try:
         geometry = [_superblock(path, device) for path, device in zip(paths, devices, strict=True)]
         total = sum(count for count, _, _ in geometry)
@@ -140,22 +138,6 @@ def _check_region(
     if fix and needs_footer and good and write_footer(reader, salt, first.epoch, good):
         report.fixed += 1
     return [header for _, header in good]
-
-
-def _open(path: str) -> FileDevice:
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise StartupError(f"no database at {path}: {exc.strerror}") from exc
-    if stat.S_ISBLK(mode):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.lseek(fd, 0, os.SEEK_END)
-        finally:
-            os.close(fd)
-    else:
-        size = os.path.getsize(path)
-    return FileDevice(path, size, grow=False)
 
 
 def _superblock(path: str, device: FileDevice) -> tuple[int, int, int]:

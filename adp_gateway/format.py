@@ -23,7 +23,11 @@ from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 RECORD_MAGIC = b"ADPFRAG1"
-FORMAT_VERSION = 1
+# 1: an object's fragments were the card's records, named by the object's key. 2: one record
+# per value of the card (adp_gateway/card/base.py), named key#version.place... by the object
+# store, and the superblock kept in every region's start record too. A database of another
+# version is refused at start, naming `adp-gateway format --force`; it is never half read.
+FORMAT_VERSION = 2
 HEADER_BYTES = PAGE_BYTES
 _FIXED = struct.Struct("<8sHBBIQQQQQIHHQHH")
 _CHECKSUM = struct.Struct("<Q")
@@ -175,6 +179,18 @@ def pack_superblock(superblock: Superblock, out: memoryview) -> None:
         superblock.salt,
     )
     _CHECKSUM.pack_into(out, _CHECKSUM_OFFSET, checksum(out[:_CHECKSUM_OFFSET]))
+
+
+def superblock_version(buf: bytes | memoryview) -> int | None:
+    """The format version of the superblock in ``buf``, whatever it is (every version starts
+    with the same fields); None where there is no intact superblock."""
+    if len(buf) < HEADER_BYTES:
+        return None
+    (stored,) = _CHECKSUM.unpack_from(buf, _CHECKSUM_OFFSET)
+    magic, version, *_ = _SUPERBLOCK.unpack_from(buf)
+    if magic != SUPERBLOCK_MAGIC or stored != checksum(buf[:_CHECKSUM_OFFSET]):
+        return None
+    return int(version)
 
 
 def unpack_superblock(buf: bytes | memoryview) -> Superblock | None:

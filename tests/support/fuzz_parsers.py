@@ -67,6 +67,7 @@ from adp_gateway.card.software.sealing import (
 )
 from adp_gateway.errors import HandshakeRefused, ProtocolError
 from adp_gateway.format import (
+    FORMAT_VERSION,
     HEADER_BYTES,
     NAME_BYTES_MAX,
     RECORD_MAGIC,
@@ -1035,7 +1036,10 @@ def draw_superblock(src: Source) -> bytes:
             page,
             0,
             SUPERBLOCK_MAGIC if src.integer(0, 9) else src.binary(8).ljust(8, b"\0"),
-            pick(src, [1, 1, 0, 2, U16]),
+            pick(
+                src,
+                [FORMAT_VERSION, FORMAT_VERSION, 0, FORMAT_VERSION - 1, FORMAT_VERSION + 1, U16],
+            ),
             src.integer(0, U16),
             src.integer(0, U32),
             unsigned(src, U64),
@@ -1052,7 +1056,7 @@ def draw_superblock(src: Source) -> bytes:
 @target
 def target_superblock(src: Source) -> None:
     """unpack_superblock: None (for a buffer shorter than its 4 KiB page too), or the Superblock
-    of a page with the magic, version 1 and a checksum that holds; it round-trips and ignores
+    of a page with the magic, FORMAT_VERSION and a checksum that holds; it round-trips and ignores
     bytes past its page."""
     buf = draw_superblock(src)
     found = record_format.unpack_superblock(memoryview(buf))
@@ -1061,7 +1065,9 @@ def target_superblock(src: Source) -> None:
         return
     magic, version, *_ = SUPERBLOCK_FIELDS.unpack_from(buf)
     (stored,) = struct.unpack_from("<Q", buf, CHECKSUM_AT)
-    assert magic == SUPERBLOCK_MAGIC and version == 1, f"accepted {magic!r} version {version}"
+    assert magic == SUPERBLOCK_MAGIC and version == FORMAT_VERSION, (
+        f"accepted {magic!r} version {version}"
+    )
     assert stored == checksum(buf[:CHECKSUM_AT]), "accepted a superblock whose checksum fails"
     page = memoryview(bytearray(HEADER_BYTES))
     pack_superblock(found, page)
@@ -1585,7 +1591,7 @@ def plant_superblock(patch: Patch) -> None:
         if len(buf) < HEADER_BYTES:
             return real(buf)
         page = bytearray(buf[:HEADER_BYTES])
-        struct.pack_into("<H", page, 8, 1)
+        struct.pack_into("<H", page, 8, FORMAT_VERSION)
         if struct.unpack_from("<Q", buf, CHECKSUM_AT)[0] == checksum(buf[:CHECKSUM_AT]):
             struct.pack_into("<Q", page, CHECKSUM_AT, checksum(bytes(page[:CHECKSUM_AT])))
         return real(bytes(page))

@@ -90,6 +90,24 @@ class FileDevice:
             return []
 
 
+def open_existing(path: str) -> FileDevice:
+    """The database at ``path`` as it is (its own size, nothing grown), locked: for the tools
+    that run while the gateway is stopped (check, format)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise StartupError(f"no database at {path}: {exc.strerror}") from exc
+    if stat.S_ISBLK(mode):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+        finally:
+            os.close(fd)
+    else:
+        size = os.path.getsize(path)
+    return FileDevice(path, size, grow=False)
+
+
 def _finish(fd: int, buffers: list[memoryview], offset: int, done: int, call: object) -> None:
     position = offset
     for buf in buffers:
