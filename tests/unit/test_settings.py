@@ -130,6 +130,15 @@ def test_gateway_yaml_documents_every_key_with_the_defaults() -> None:
         assert before.startswith("#"), name
 
 
+def test_operations_guide_names_the_default_sync_policy_the_code_has() -> None:
+    """docs/operations.md's sync table marks one policy "(default)"; it said `always` while
+    the code, the README and configs/gateway.yaml said `periodic`."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text.split("### Sync policy", 1)[1].split("\n\n", 2)[1]
+    defaults = [row.split("`")[1] for row in table.splitlines() if "(default)" in row]
+    assert defaults == [GatewayConfig().sync]
+
+
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "g.yaml"
     path.write_text("capacity: 8GiB\nsocket: /tmp/a.sock\nio_threads: 2\n")
