@@ -111,7 +111,7 @@ def _check(args: argparse.Namespace) -> int:
     from adp_gateway.check import ProgressLine, check
 
     config = config_module.load(args.config, {"data_dirs": args.data_dir})
-    report = check(config.database_paths, args.fix, ProgressLine())
+    report = check(config.database_paths, args.fix, ProgressLine(), config.region_size)
     for line in report.damage:
         print(line)
     print(report.summary())

@@ -20,7 +20,7 @@ from typing import Never
 from tqdm import tqdm
 
 from adp_gateway.card.software.devices.filedevice import FileDevice, open_existing
-from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.devices.reader import RegionReader
 from adp_gateway.card.software.recovery import (
     first_header,
     invalidate,
@@ -29,8 +29,9 @@ from adp_gateway.card.software.recovery import (
     walk,
 )
 from adp_gateway.card.software.sealing import row_of, write_footer
+from adp_gateway.card.software.superblocks import read_superblock, write_superblock
 from adp_gateway.errors import StartupError
-from adp_gateway.format import Kind, RecordHeader, unpack_superblock
+from adp_gateway.format import Kind, RecordHeader
 from adp_gateway.objects.names import Version, parse
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
@@ -62,11 +63,21 @@ class Report:
         return f", {self.foreign} values of an older layout" if self.foreign else ""
 
 
-def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], None]) -> Report:
+def check(
+    paths: list[str],
+    fix: bool,
+    progress: Callable[[Report, int, int], None],
+    region_bytes: int,
+) -> Report:
+    """Check the databases at ``paths``; ``region_bytes`` (the config's) locates the regions'
+    copies of a damaged superblock."""
     report = Report()
     devices = [open_existing(path) for path in paths]
     try:
-        geometry = [_superblock(path, device) for path, device in zip(paths, devices, strict=True)]
+        geometry = [
+            _superblock(database, path, device, region_bytes, fix, report)
+            for database, (path, device) in enumerate(zip(paths, devices, strict=True))
+        ]
         total = sum(count for count, _, _ in geometry)
         done = 0
         fragments: dict[tuple[str, str, Version], set[int]] = defaultdict(set)
@@ -140,14 +151,28 @@ def _check_region(
     return [header for _, header in good]
 
 
-def _superblock(path: str, device: FileDevice) -> tuple[int, int, int]:
-    """(regions, region_bytes, salt) of a formatted database."""
-    page = aligned(PAGE_BYTES)
-    device.read([page], 0)
-    found = unpack_superblock(page)
+def _superblock(
+    database: int, path: str, device: FileDevice, region_bytes: int, fix: bool, report: Report
+) -> tuple[int, int, int]:
+    """(regions, region_bytes, salt) of a formatted database; a damaged superblock read from
+    a region's copy is damage (rewritten with ``fix``)."""
+    found = read_superblock(device, region_bytes)
     if found is None:
-        raise StartupError(f"{path} has no valid superblock: it is not a formatted database")
-    return (device.size_bytes - PAGE_BYTES) // found.region_bytes, found.region_bytes, found.salt
+        raise StartupError(
+            f"{path} has no valid superblock, nor a copy of one in its regions (at region_size "
+            f"{region_bytes}): it is not a formatted database, or not at this region_size"
+        )
+    superblock = found.superblock
+    if found.copy_region is not None:
+        report.damage.append(
+            f"database {database} ({path}): its superblock is damaged (region "
+            f"{found.copy_region}'s start record keeps an intact copy)"
+        )
+        if fix:
+            write_superblock(device, superblock)
+            report.fixed += 1
+    regions = (device.size_bytes - PAGE_BYTES) // superblock.region_bytes
+    return regions, superblock.region_bytes, superblock.salt
 
 
 class ProgressLine:

@@ -193,6 +193,41 @@ def superblock_version(buf: bytes | memoryview) -> int | None:
     return int(version)
 
 
+# Every region's start record carries a copy of the superblock at this offset of its page (the
+# start record's own fields and pool name end far before it), with a checksum of its own, so a
+# database whose superblock is damaged is read from the copy its regions keep.
+SUPERBLOCK_COPY_AT = 2048
+
+
+def pack_region_start(
+    header: RecordHeader, superblock: Superblock, out: memoryview, seed: int
+) -> None:
+    """Write the region start record ``header`` (kind REGION) with a copy of ``superblock``."""
+    assert header.kind == Kind.REGION
+    pack_header(header, out, seed)
+    copy = memoryview(bytearray(HEADER_BYTES))
+    pack_superblock(superblock, copy)
+    at = SUPERBLOCK_COPY_AT
+    out[at : at + _SUPERBLOCK.size] = copy[: _SUPERBLOCK.size]
+    _CHECKSUM.pack_into(out, at + _SUPERBLOCK.size, checksum(out[at : at + _SUPERBLOCK.size]))
+    _CHECKSUM.pack_into(out, _CHECKSUM_OFFSET, checksum(out[:_CHECKSUM_OFFSET], seed))
+
+
+def superblock_copy(buf: bytes | memoryview) -> Superblock | None:
+    """The copy of the superblock a region start page carries, when it is intact and of this
+    format version (its caller confirms the page with the copy's salt)."""
+    if len(buf) < HEADER_BYTES or bytes(buf[:8]) != RECORD_MAGIC:
+        return None
+    at = SUPERBLOCK_COPY_AT
+    (stored,) = _CHECKSUM.unpack_from(buf, at + _SUPERBLOCK.size)
+    if stored != checksum(buf[at : at + _SUPERBLOCK.size]):
+        return None
+    magic, version, database, _, region_bytes, salt = _SUPERBLOCK.unpack_from(buf, at)
+    if magic != SUPERBLOCK_MAGIC or version != FORMAT_VERSION:
+        return None
+    return Superblock(database, region_bytes, salt)
+
+
 def unpack_superblock(buf: bytes | memoryview) -> Superblock | None:
     """The superblock in ``buf``, or None where there is none (a new or foreign device)."""
     if len(buf) < HEADER_BYTES:

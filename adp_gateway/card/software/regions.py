@@ -93,7 +93,8 @@ class Database:
         count = (device.size_bytes - PAGE_BYTES) // region_bytes
         self.regions = [Region(i) for i in range(count)]
         self.open: dict[str, Region] = {}  # pool -> its region taking appends
-        self.salt = open_superblock(device, index, region_bytes)
+        self.superblock = open_superblock(device, index, region_bytes)  # copied in each start
+        self.salt = self.superblock.salt
         self.group_sync = GroupSync(device)
         self.busy = 0  # appends and reads in progress; under the log's lock
         self.last_io = 0.0  # monotonic time the last of them ended
