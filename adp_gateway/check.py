@@ -33,10 +33,10 @@ from adp_gateway.card.software.recovery import (
     rewrite_start,
     walk,
 )
-from adp_gateway.card.software.sealing import FooterRow, row_of, write_footer
+from adp_gateway.card.software.sealing import TRAILER_BYTES, FooterRow, row_of, write_footer
 from adp_gateway.card.software.superblocks import read_superblock, write_superblock
 from adp_gateway.errors import StartupError
-from adp_gateway.format import Kind, RecordHeader, Superblock
+from adp_gateway.format import RECORD_MAGIC, Kind, RecordHeader, Superblock, unpack_header
 from adp_gateway.objects.names import Version, parse
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
@@ -154,6 +154,12 @@ def _check_region(
         # Without a footer no hole is explained (by a write that failed before it was
         # indexed, which a footer leaves out): each is damage.
         report.damage.extend(f"{where}: bytes {at}..{to} hold no valid record" for at, to in holes)
+        end = max([PAGE_BYTES] + [o + h.record_bytes for o, h in walked] + [t for _, t in holes])
+        if _damaged_header_at(reader, salt, start.epoch, end):
+            report.damage.append(
+                f"{where}: bytes {end}..{end + PAGE_BYTES} hold a damaged record header (the "
+                "region's last record, or bytes an older filling left that look like one)"
+            )
     if fix and rebuilt:
         rewrite_start(reader, superblock, start)
         report.fixed += 1
@@ -161,6 +167,20 @@ def _check_region(
     if fix and needs_footer and write_footer(reader, salt, start.epoch, good):
         report.fixed += 1
     return [header for _, header in good]
+
+
+def _damaged_header_at(reader: RegionReader, salt: int, epoch: int, offset: int) -> bool:
+    """Whether the page at ``offset``, just past the last record a walk of a region without a
+    footer found, looks like a record header (its magic, give or take a byte) but is no valid
+    header of this filling or an older one: a damaged last record, which no later header makes
+    a hole of."""
+    if offset + PAGE_BYTES > reader.region_bytes - TRAILER_BYTES:
+        return False
+    page = reader.page(offset)
+    if sum(a == b for a, b in zip(bytes(page[:8]), RECORD_MAGIC, strict=True)) < 7:
+        return False
+    header = unpack_header(page, salt)
+    return header is None or header.epoch > epoch
 
 
 def _start(

@@ -167,3 +167,23 @@ def test_check_reports_each_kind_of_damage_where_it_lies_and_fix_loses_nothing_e
         assert loaded(store) == {key: key != owner for key in OBJECTS}
     finally:
         store.close()
+
+
+def test_a_damaged_last_record_of_the_region_open_at_a_crash_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No footer, and no later header to make a hole of it: the walk just ends early. `check`
+    reports the page that looks like a header but fails its checksum (the suite found this)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    store = open_store(make_devices("file", work, 1, SIZE))
+    fill(store)
+    last = locations(store, "t", "k15")[-1]
+    image = tmp_path / "killed"
+    image.mkdir()
+    (image / "db0.adp").write_bytes((work / "db0.adp").read_bytes())  # as a kill leaves it
+    store.close()
+    assert check(image, capsys)[0] == 0
+    flip(image / "db0.adp", last.offset + 1000)
+    code, report = check(image, capsys)
+    assert code == 1 and "hold a damaged record header" in report, report
