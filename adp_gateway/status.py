@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from adp_gateway.errors import HandshakeRefused, StartupError
-from adp_wire.protocol import recv_frame, send_frame, status_request
+from adp_wire.protocol import connect_within, recv_frame, send_frame, status_request
 from adp_wire.units import format_size
 
 TIMEOUT_S = 5.0
@@ -23,7 +23,7 @@ def ask(socket_path: str) -> dict[str, Any]:
     sock.settimeout(TIMEOUT_S)
     deadline = time.monotonic() + TIMEOUT_S  # for the whole exchange, however it is paced
     try:
-        sock.connect(socket_path)
+        connect_within(sock, socket_path, deadline)
         send_frame(sock, status_request(), deadline=deadline)
         body, _ = recv_frame(sock, deadline=deadline)
     except OSError as exc:

@@ -17,6 +17,9 @@ from adp_gateway.errors import StartupError
 from adp_gateway.tenants import Peer
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# Connections the kernel queues for accept (capped by net.core.somaxconn): a burst, or a gateway
+# short of CPU, must not turn clients away with EAGAIN (they also retry: lmcache_adp/link.py).
+LISTEN_BACKLOG = 1024
 PROBE_TIMEOUT_S = 2.0  # a live gateway accepts at once (the kernel queues the connection)
 
 
@@ -149,7 +152,7 @@ def listen(path: str, group: str | None) -> socket.socket:
             raise StartupError(
                 f"cannot give the socket to group {group!r}: {exc.strerror}; fix `socket_group`"
             ) from exc
-    listener.listen(64)
+    listener.listen(LISTEN_BACKLOG)
     return listener
 
 

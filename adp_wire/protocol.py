@@ -91,6 +91,23 @@ class Welcome:
     presence_slots: int = 0  # the cells of the tenant's presence table, whose fd comes 4th; 0: none
 
 
+def connect_within(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connect ``sock`` (which has a timeout) to ``path`` by ``deadline`` (monotonic). While
+    the listener's accept queue is full (a burst of connections, or a busy gateway), a Unix
+    socket with a timeout fails a connect at once (EAGAIN) where a blocking one would wait:
+    try again, briefly, until the deadline."""
+    pause_s = 0.005
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause_s > deadline:
+                raise
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 0.1)
+
+
 def send_frame(
     sock: socket.socket,
     body: dict[str, Any],

@@ -23,6 +23,7 @@ from adp_wire.protocol import (
     Hello,
     Op,
     Welcome,
+    connect_within,
     given_up_span,
     hello_body,
     parse_welcome,
@@ -122,7 +123,7 @@ class GatewayLink:
         deadline = time.monotonic() + timeout_s  # for the whole handshake, however paced
         try:
             sock.settimeout(timeout_s)
-            sock.connect(path)
+            connect_within(sock, path, deadline)
             trust.check_peer(sock, path, trusted)
             if l1 is None:
                 send_frame(sock, hello_body(hello), deadline=deadline)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import select
+import signal
 import socket
 import subprocess
 import threading
@@ -25,6 +26,7 @@ import pytest
 from adp_gateway.handshake_slots import PER_UID_MAX
 from adp_wire.protocol import Hello, hello_body, send_frame
 from lmcache_adp import ADPConnector
+from lmcache_adp.link import GatewayLink
 from tests.support import BIN, Gateway, wait_for_future, wait_until
 from tests.support.plugin import connected
 
@@ -239,6 +241,59 @@ def test_a_stranger_holding_handshakes_takes_only_its_own_slots(
         client.close()
         assert f"{PER_UID_MAX} handshakes of uid {NOBODY} are in progress already" in gateway.log()
     finally:
+        os.close(release_write)
+        os.close(report_read)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to fill the queue as another user")
+def test_a_client_connecting_while_the_accept_queue_is_full_waits_instead_of_failing(
+    workdir: Path, make_gateway: Callable[..., Gateway]
+) -> None:
+    """A Unix socket with a timeout fails a connect at once (EAGAIN) while the listener's
+    accept queue is full, as a stranger's flood leaves it on a gateway short of CPU: the plugin
+    gave up and failed its ops. It now retries until its handshake deadline."""
+    workdir.chmod(0o755)  # let `nobody` reach the socket's directory
+    (workdir / "gateway.yaml").write_text("socket_group: nogroup\nsession_window_size: 8MiB\n")
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    release_read, release_write = os.pipe()
+    report_read, report_write = os.pipe()
+    gateway.send_signal(signal.SIGSTOP)  # it accepts nothing: the queue fills
+    pid = os.fork()
+    if pid == 0:  # the child, a stranger: never returns into pytest
+        try:
+            os.close(release_write)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            queued = []
+            while True:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                try:
+                    sock.connect(str(gateway.socket_path))
+                except BlockingIOError:
+                    break
+                queued.append(sock)
+            os.write(report_write, str(len(queued)).encode())
+            os.read(release_read, 1)
+        finally:
+            os._exit(0)
+    os.close(report_write)
+    os.close(release_read)
+    resumed = threading.Timer(0.5, lambda: gateway.send_signal(signal.SIGCONT))
+    try:
+        assert int(os.read(report_read, 16) or b"0") > 0  # the queue is full
+        resumed.start()
+        link = GatewayLink.connect(
+            str(gateway.socket_path), Hello("default"), 5.0, frozenset({os.getuid()})
+        )
+        link.close()
+    finally:
+        resumed.cancel()
+        gateway.send_signal(signal.SIGCONT)
         os.close(release_write)
         os.close(report_read)
         os.waitpid(pid, 0)
