@@ -4,6 +4,7 @@
                        [--metrics-address HOST:PORT]
     adp-gateway status [--config FILE] [--socket PATH] [--json]
     adp-gateway check  [--config FILE] [--data-dir DIR] [--fix]
+    adp-gateway format [--config FILE] [--data-dir DIR] [--force]
     adp-gateway verify --lmcache tcp://HOST:PORT [--http http://HOST:PORT]
 
 Errors in the config or the environment print one line naming what is wrong and exit with 2.
@@ -85,6 +86,19 @@ def parser() -> argparse.ArgumentParser:
         "--fix", action="store_true", help="invalidate damaged records and rewrite their footers"
     )
     check.set_defaults(run=_check)
+    formatting = commands.add_parser(
+        "format",
+        help="empty the databases (the gateway must be stopped): only those that hold nothing, "
+        "unless --force; exit 1 when one was left as it was",
+    )
+    formatting.add_argument("--config", help="YAML file; see configs/gateway.yaml")
+    formatting.add_argument(
+        "--data-dir", help="directory of the database files (overrides data_dirs)"
+    )
+    formatting.add_argument(
+        "--force", action="store_true", help="format every database, whatever it holds (lost)"
+    )
+    formatting.set_defaults(run=_format)
     return parser
 
 
@@ -94,11 +108,21 @@ def _socket(args: argparse.Namespace) -> str | None:
     return str(args.socket or os.environ.get("ADP_SOCKET") or "") or None
 
 
+def _format(args: argparse.Namespace) -> int:
+    from adp_gateway.formatting import format_databases
+
+    config = config_module.load(args.config, {"data_dirs": args.data_dir})
+    done = format_databases(config, args.force)
+    for line in done.lines:
+        print(line)
+    return 1 if done.refused else 0
+
+
 def _check(args: argparse.Namespace) -> int:
     from adp_gateway.check import ProgressLine, check
 
     config = config_module.load(args.config, {"data_dirs": args.data_dir})
-    report = check(config.database_paths, args.fix, ProgressLine())
+    report = check(config.database_paths, args.fix, ProgressLine(), config.region_size)
     for line in report.damage:
         print(line)
     print(report.summary())

@@ -1,19 +1,20 @@
 """``adp-gateway check [--fix]``: walk every record of every database and verify it.
 
 Reads each region header by header (never trusting its footer), verifies every payload checksum,
-and compares what it found with the region's footer. It reports damaged records (a payload that
-fails its checksum), damaged areas (bytes between records that hold no valid header: a torn or
-failed write), and footers that are missing or disagree with the records. With ``--fix`` it
-invalidates damaged records (zeroes their header, so no recovery believes them) and rewrites
-the footer of every region whose footer was missing, wrong or listed a damaged record, so the
-index a restart rebuilds matches the disk. It takes the same lock as the gateway: it refuses to
-run while a gateway uses the databases.
+and compares what it found with the region's footer. It reports every byte it cannot account
+for, by object where they were an object's and by region otherwise: a damaged superblock (read
+from a region's copy), a damaged start record (the region's records are read all the same), a
+payload that fails its checksum, a record the footer lists whose header is damaged, bytes
+between records that hold no valid header where no footer explains them (a torn or failed
+write), and a damaged trailer, footer or footer padding. With ``--fix`` it rewrites a damaged
+superblock and start record, invalidates damaged records (zeroes their header, so no recovery
+believes them) and rewrites the footer of every region whose footer was missing, damaged,
+wrong or listed a damaged record, so the index a restart rebuilds matches the disk. It takes
+the same lock as the gateway: it refuses to run while a gateway uses the databases.
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,18 +22,21 @@ from typing import Never
 
 from tqdm import tqdm
 
-from adp_gateway.card.software.devices.filedevice import FileDevice
-from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.devices.filedevice import FileDevice, open_existing
+from adp_gateway.card.software.devices.reader import RegionReader
 from adp_gateway.card.software.recovery import (
+    damaged_filling,
     first_header,
+    inspect_footer,
     invalidate,
     payload_intact,
-    read_footer,
+    rewrite_start,
     walk,
 )
-from adp_gateway.card.software.sealing import row_of, write_footer
+from adp_gateway.card.software.sealing import TRAILER_BYTES, FooterRow, row_of, write_footer
+from adp_gateway.card.software.superblocks import read_superblock, write_superblock
 from adp_gateway.errors import StartupError
-from adp_gateway.format import Kind, RecordHeader, unpack_superblock
+from adp_gateway.format import RECORD_MAGIC, Kind, RecordHeader, Superblock, unpack_header
 from adp_gateway.objects.names import Version, parse
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
@@ -64,22 +68,31 @@ class Report:
         return f", {self.foreign} values of an older layout" if self.foreign else ""
 
 
-def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], None]) -> Report:
+def check(
+    paths: list[str],
+    fix: bool,
+    progress: Callable[[Report, int, int], None],
+    region_bytes: int,
+) -> Report:
+    """Check the databases at ``paths``; ``region_bytes`` (the config's) locates the regions'
+    copies of a damaged superblock."""
     report = Report()
-    devices = [_open(path) for path in paths]
+    devices = [open_existing(path) for path in paths]
     try:
-        geometry = [_superblock(path, device) for path, device in zip(paths, devices, strict=True)]
-        total = sum(count for count, _, _ in geometry)
+        superblocks = [
+            _superblock(database, path, device, region_bytes, fix, report)
+            for database, (path, device) in enumerate(zip(paths, devices, strict=True))
+        ]
+        counts = [_regions(d, sb) for d, sb in zip(devices, superblocks, strict=True)]
         done = 0
         fragments: dict[tuple[str, str, Version], set[int]] = defaultdict(set)
-        for database, (device, (count, region_bytes, salt)) in enumerate(
-            zip(devices, geometry, strict=True)
-        ):
+        for database, (device, superblock) in enumerate(zip(devices, superblocks, strict=True)):
             report.databases += 1
-            for region in range(count):
-                reader = RegionReader(device, PAGE_BYTES + region * region_bytes, region_bytes)
+            size = superblock.region_bytes
+            for region in range(counts[database]):
+                reader = RegionReader(device, PAGE_BYTES + region * size, size)
                 where = f"database {database} ({paths[database]}) region {region}"
-                for header in _check_region(reader, salt, where, fix, report):
+                for header in _check_region(reader, superblock, where, fix, report):
                     fragment = parse(header.key) if header.kind == Kind.DATA else None
                     if fragment is not None:
                         version = (header.tenant, fragment.key, fragment.version)
@@ -87,7 +100,7 @@ def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], No
                     elif header.kind == Kind.DATA:
                         report.foreign += 1
                 done += 1
-                progress(report, done, total)
+                progress(report, done, sum(counts))
         report.objects = sum(len(found) == v[2].fragments for v, found in fragments.items())
         if fix:
             for device in devices:
@@ -98,21 +111,26 @@ def check(paths: list[str], fix: bool, progress: Callable[[Report, int, int], No
             device.close()
 
 
+def _regions(device: FileDevice, superblock: Superblock) -> int:
+    return (device.size_bytes - PAGE_BYTES) // superblock.region_bytes
+
+
 def _check_region(
-    reader: RegionReader, salt: int, where: str, fix: bool, report: Report
+    reader: RegionReader, superblock: Superblock, where: str, fix: bool, report: Report
 ) -> list[RecordHeader]:
-    """The region's valid records; damage and footer problems go into ``report``."""
-    first = first_header(reader, salt)
-    if first is None:
+    """The region's valid records; every byte of it that is not what it should be goes into
+    ``report``, by object where the bytes were an object's, else by region."""
+    salt = superblock.salt
+    start, rebuilt = _start(reader, salt, where, report)
+    if start is None:
         return []
     report.regions += 1
-
-    holes: list[str] = []
-
-    def hole(at: int, resumed: int) -> None:
-        holes.append(f"{where}: bytes {at}..{resumed} hold no valid record")
-
-    walked = [r for r in walk(reader, salt, first.epoch, hole) if r[1].kind != Kind.REGION]
+    holes: list[tuple[int, int]] = []
+    walked = [
+        r
+        for r in walk(reader, salt, start.epoch, lambda at, to: holes.append((at, to)))
+        if r[1].kind != Kind.REGION
+    ]
     good = []
     for offset, header in walked:
         report.records += 1
@@ -124,48 +142,105 @@ def _check_region(
                 report.fixed += 1
             continue
         good.append((offset, header))
-    footer = read_footer(reader, salt, first.epoch)
+    footer, problem = inspect_footer(reader, salt, start.epoch)
+    if problem is not None:
+        report.damage.append(f"{where}: {problem}")
     walked_rows = [row_of(offset, header) for offset, header in walked]
     good_rows = [row_of(offset, header) for offset, header in good]
-    if not footer:
-        report.footers_missing += 1
-    elif footer != walked_rows:
-        report.footers_wrong += 1
-        report.damage.append(f"{where}: its footer does not list the records found")
-    if footer != good_rows:
-        # A hole that a valid footer leaves out is a write that failed before it was indexed
-        # (or a record an earlier --fix invalidated); any other is damage.
-        report.damage.extend(holes)
-    needs_footer = footer != good_rows
-    if fix and needs_footer and good and write_footer(reader, salt, first.epoch, good):
+    if footer:
+        _compare(footer, walked_rows, where, report)
+    else:
+        report.footers_missing += problem is None
+        # Without a footer no hole is explained (by a write that failed before it was
+        # indexed, which a footer leaves out): each is damage.
+        report.damage.extend(f"{where}: bytes {at}..{to} hold no valid record" for at, to in holes)
+        end = max([PAGE_BYTES] + [o + h.record_bytes for o, h in walked] + [t for _, t in holes])
+        if _damaged_header_at(reader, salt, start.epoch, end):
+            report.damage.append(
+                f"{where}: bytes {end}..{end + PAGE_BYTES} hold a damaged record header (the "
+                "region's last record, or bytes an older filling left that look like one)"
+            )
+    if fix and rebuilt:
+        rewrite_start(reader, superblock, start)
+        report.fixed += 1
+    needs_footer = (footer != good_rows or problem is not None) and good
+    if fix and needs_footer and write_footer(reader, salt, start.epoch, good):
         report.fixed += 1
     return [header for _, header in good]
 
 
-def _open(path: str) -> FileDevice:
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise StartupError(f"no database at {path}: {exc.strerror}") from exc
-    if stat.S_ISBLK(mode):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.lseek(fd, 0, os.SEEK_END)
-        finally:
-            os.close(fd)
-    else:
-        size = os.path.getsize(path)
-    return FileDevice(path, size, grow=False)
+def _damaged_header_at(reader: RegionReader, salt: int, epoch: int, offset: int) -> bool:
+    """Whether the page at ``offset``, just past the last record a walk of a region without a
+    footer found, looks like a record header (its magic, give or take a byte) but is no valid
+    header of this filling or an older one: a damaged last record, which no later header makes
+    a hole of."""
+    if offset + PAGE_BYTES > reader.region_bytes - TRAILER_BYTES:
+        return False
+    page = reader.page(offset)
+    if sum(a == b for a, b in zip(bytes(page[:8]), RECORD_MAGIC, strict=True)) < 7:
+        return False
+    header = unpack_header(page, salt)
+    return header is None or header.epoch > epoch
 
 
-def _superblock(path: str, device: FileDevice) -> tuple[int, int, int]:
-    """(regions, region_bytes, salt) of a formatted database."""
-    page = aligned(PAGE_BYTES)
-    device.read([page], 0)
-    found = unpack_superblock(page)
+def _start(
+    reader: RegionReader, salt: int, where: str, report: Report
+) -> tuple[RecordHeader | None, bool]:
+    """The region's start record (None for a free region), and whether it was rebuilt: one
+    whose first page is damaged is reported, and stood in for by what its records still say
+    of its filling."""
+    first = first_header(reader, salt)
+    if first is not None or not any(reader.page(0, read_ahead=False)):
+        return first, False
+    filling = damaged_filling(reader, salt)
+    if filling is None:
+        report.damage.append(f"{where}: its first page is damaged, and nothing in it verifies")
+        return None, False
+    report.damage.append(
+        f"{where}: its start record (its first page) is damaged; its records still verify"
+    )
+    tenants = sorted(filling.tenants)
+    pool = tenants[0] if len(tenants) == 1 else ""  # a recovery maps it to its pool
+    return RecordHeader(Kind.REGION, 0, pool, "", 0, epoch=filling.epoch), True
+
+
+def _compare(footer: list[FooterRow], walked: list[FooterRow], where: str, report: Report) -> None:
+    """A valid footer against the records a walk found: a record it lists whose header the
+    walk could not read is that object's damage; a record it does not list is the footer's."""
+    found = {row[0] for row in walked}
+    for row in footer:
+        if row[0] not in found:
+            report.damage.append(f"{where} offset {row[0]}: {_named(row)}: its header is damaged")
+    listed = set(footer)
+    unlisted = [row for row in walked if row not in listed]
+    if unlisted:
+        report.footers_wrong += 1
+        report.damage.append(
+            f"{where}: its footer does not list {len(unlisted)} record(s) found at offsets "
+            f"{', '.join(str(row[0]) for row in unlisted[:8])}"
+        )
+
+
+def _superblock(
+    database: int, path: str, device: FileDevice, region_bytes: int, fix: bool, report: Report
+) -> Superblock:
+    """The database's superblock; one read from a region's copy is damage (rewritten with
+    ``fix``)."""
+    found = read_superblock(device, region_bytes)
     if found is None:
-        raise StartupError(f"{path} has no valid superblock: it is not a formatted database")
-    return (device.size_bytes - PAGE_BYTES) // found.region_bytes, found.region_bytes, found.salt
+        raise StartupError(
+            f"{path} has no valid superblock, nor a copy of one in its regions (at region_size "
+            f"{region_bytes}): it is not a formatted database, or not at this region_size"
+        )
+    if found.copy_region is not None:
+        report.damage.append(
+            f"database {database} ({path}): its superblock is damaged (region "
+            f"{found.copy_region}'s start record keeps an intact copy)"
+        )
+        if fix:
+            write_superblock(device, found.superblock)
+            report.fixed += 1
+    return found.superblock
 
 
 class ProgressLine:
@@ -184,6 +259,17 @@ class ProgressLine:
         bar.update(done - bar.n)
         if done == total:
             bar.close()
+
+
+def _named(row: FooterRow) -> str:
+    """The value a footer row lists, as an operator names it."""
+    kind, tenant, key = row[1], row[3], row[4]
+    if kind != Kind.DATA:
+        return f"a tombstone of {tenant}/{key}"
+    fragment = parse(key)
+    if fragment is None:
+        return f"{tenant}/{key} (an older layout)"
+    return f"{tenant}/{fragment.key} fragment {fragment.place} (version {fragment.version.number})"
 
 
 def _damaged(header: RecordHeader) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,19 +127,25 @@ def _check(config: GatewayConfig) -> GatewayConfig:
 
 
 def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
-    """Fill in ``capacity`` from free space when unset, and check the data dirs can hold it."""
+    """Fill in ``capacity`` from free space when unset, and check the data dirs can hold it.
+    Free space is counted once per filesystem: two data dirs on one drive share its space."""
     for directory in config.data_dirs:
         _prepare_dir(directory)
-    free = sum(_free_bytes_for(config, d) for d in config.data_dirs)
+    filesystems = _filesystems(config)
     capacity = config.capacity
     if capacity is None:
-        capacity = _existing_capacity(config) or min(AUTO_CAPACITY_BYTES_MAX, free // 2)
-    if config.data_dirs and capacity > free:
-        raise StartupError(
-            f"capacity is {format_size(capacity)} but {', '.join(config.data_dirs)} "
-            f"can take only {format_size(free)} more: lower `capacity` or free space"
-        )
+        room = sum(fs.free_bytes + fs.held_bytes for fs in filesystems)
+        capacity = _existing_capacity(config) or min(AUTO_CAPACITY_BYTES_MAX, room // 2)
     per_database = capacity // len(config.database_paths)
+    for fs in filesystems:
+        needed = sum(max(0, per_database - held) for held in fs.files.values())
+        if needed > fs.free_bytes:
+            raise StartupError(
+                f"capacity is {format_size(capacity)} but {', '.join(fs.directories)} "
+                f"can take only {format_size(fs.free_bytes + fs.held_bytes)} more"
+                f"{' (one filesystem)' if len(fs.directories) > 1 else ''}: lower "
+                "`capacity` or free space"
+            )
     if per_database < PAGE_BYTES + 2 * config.region_size:
         raise ConfigError(
             f"capacity {format_size(capacity)} gives each of the "
@@ -209,11 +216,37 @@ def _existing_capacity(config: GatewayConfig) -> int | None:
     return sum(os.path.getsize(p) for p in files)
 
 
-def _free_bytes_for(config: GatewayConfig, directory: str) -> int:
-    """Free space, counting the database files already there as ours to reuse."""
-    existing = sum(
-        os.path.getsize(p)
-        for p in config.database_paths
-        if p.startswith(str(Path(directory))) and os.path.exists(p)
-    )
-    return shutil.disk_usage(directory).free + existing
+@dataclass
+class _Filesystem:
+    """The data dirs on one filesystem, its free space, and the database files in them with
+    the bytes each holds already (reused, not needed again)."""
+
+    directories: list[str] = field(default_factory=list)
+    free_bytes: int = 0
+    files: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self.files.values())
+
+
+def _filesystems(config: GatewayConfig) -> list[_Filesystem]:
+    found: dict[int, _Filesystem] = {}
+    for directory in config.data_dirs:
+        fs = found.setdefault(os.stat(directory).st_dev, _Filesystem())
+        fs.directories.append(directory)
+        fs.free_bytes = shutil.disk_usage(directory).free
+        for i in range(config.databases_per_dir):
+            path = str(Path(directory) / f"db{i}.adp")
+            fs.files[path] = _held_bytes(path)
+    return list(found.values())
+
+
+def _held_bytes(path: str) -> int:
+    """The bytes a database file holds already: its size, less what it leaves unallocated
+    (a sparse file's holes need space when it is preallocated)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return 0
+    return min(info.st_size, info.st_blocks * 512)

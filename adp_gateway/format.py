@@ -23,7 +23,11 @@ from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 RECORD_MAGIC = b"ADPFRAG1"
-FORMAT_VERSION = 1
+# 1: an object's fragments were the card's records, named by the object's key. 2: one record
+# per value of the card (adp_gateway/card/base.py), named key#version.place... by the object
+# store, and the superblock kept in every region's start record too. A database of another
+# version is refused at start, naming `adp-gateway format --force`; it is never half read.
+FORMAT_VERSION = 2
 HEADER_BYTES = PAGE_BYTES
 _FIXED = struct.Struct("<8sHBBIQQQQQIHHQHH")
 _CHECKSUM = struct.Struct("<Q")
@@ -175,6 +179,53 @@ def pack_superblock(superblock: Superblock, out: memoryview) -> None:
         superblock.salt,
     )
     _CHECKSUM.pack_into(out, _CHECKSUM_OFFSET, checksum(out[:_CHECKSUM_OFFSET]))
+
+
+def superblock_version(buf: bytes | memoryview) -> int | None:
+    """The format version of the superblock in ``buf``, whatever it is (every version starts
+    with the same fields); None where there is no intact superblock."""
+    if len(buf) < HEADER_BYTES:
+        return None
+    (stored,) = _CHECKSUM.unpack_from(buf, _CHECKSUM_OFFSET)
+    magic, version, *_ = _SUPERBLOCK.unpack_from(buf)
+    if magic != SUPERBLOCK_MAGIC or stored != checksum(buf[:_CHECKSUM_OFFSET]):
+        return None
+    return int(version)
+
+
+# Every region's start record carries a copy of the superblock at this offset of its page (the
+# start record's own fields and pool name end far before it), with a checksum of its own, so a
+# database whose superblock is damaged is read from the copy its regions keep.
+SUPERBLOCK_COPY_AT = 2048
+
+
+def pack_region_start(
+    header: RecordHeader, superblock: Superblock, out: memoryview, seed: int
+) -> None:
+    """Write the region start record ``header`` (kind REGION) with a copy of ``superblock``."""
+    assert header.kind == Kind.REGION
+    pack_header(header, out, seed)
+    copy = memoryview(bytearray(HEADER_BYTES))
+    pack_superblock(superblock, copy)
+    at = SUPERBLOCK_COPY_AT
+    out[at : at + _SUPERBLOCK.size] = copy[: _SUPERBLOCK.size]
+    _CHECKSUM.pack_into(out, at + _SUPERBLOCK.size, checksum(out[at : at + _SUPERBLOCK.size]))
+    _CHECKSUM.pack_into(out, _CHECKSUM_OFFSET, checksum(out[:_CHECKSUM_OFFSET], seed))
+
+
+def superblock_copy(buf: bytes | memoryview) -> Superblock | None:
+    """The copy of the superblock a region start page carries, when it is intact and of this
+    format version (its caller confirms the page with the copy's salt)."""
+    if len(buf) < HEADER_BYTES or bytes(buf[:8]) != RECORD_MAGIC:
+        return None
+    at = SUPERBLOCK_COPY_AT
+    (stored,) = _CHECKSUM.unpack_from(buf, at + _SUPERBLOCK.size)
+    if stored != checksum(buf[at : at + _SUPERBLOCK.size]):
+        return None
+    magic, version, database, _, region_bytes, salt = _SUPERBLOCK.unpack_from(buf, at)
+    if magic != SUPERBLOCK_MAGIC or version != FORMAT_VERSION:
+        return None
+    return Superblock(database, region_bytes, salt)
 
 
 def unpack_superblock(buf: bytes | memoryview) -> Superblock | None:

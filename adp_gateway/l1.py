@@ -18,7 +18,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from adp_gateway.errors import ProtocolError, StorageError
 from adp_wire.checksum import Checksum
@@ -88,14 +88,17 @@ class L1Segment:
 
 class L1Readers:
     """Counts zero-copy stores in while the kernel reads their L1 pages; once closed, none
-    starts, and ``close`` returns when the last one inside has left. A session closes its
-    readers before its socket, so a client that sees EOF knows the gateway has let go of its
-    L1 (docs/design.md, "Zero-copy stores")."""
+    starts, and what ``close`` was given to do once they are all out (let go of the client's
+    L1 and close its socket) runs when the last one inside has left: at once when none is, or
+    on that store's thread. So a client that sees EOF knows the gateway has let go of its L1
+    (docs/design.md, "Zero-copy stores"), and a session closes without waiting for an
+    O_DIRECT write the kernel may hold for as long as a lost NVMe-oF path lasts."""
 
     def __init__(self) -> None:
         self._idle = threading.Condition()
         self._inside = 0
         self._closed = False
+        self._then: Callable[[], None] | None = None  # once closed and the last one is out
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[bool]:
@@ -111,14 +114,29 @@ class L1Readers:
         finally:
             with self._idle:
                 self._inside -= 1
-                self._idle.notify_all()
+                then = self._take_then()
+            if then is not None:
+                then()
 
     @property
     def closing(self) -> bool:
         """The session is closing: its client is gone, or going."""
         return self._closed
 
-    def close(self) -> None:
+    def close(self, then: Callable[[], None]) -> bool:
+        """Let no store start; call ``then`` once none is inside (now, or when the last one
+        leaves, on its thread). True when it ran now."""
         with self._idle:
             self._closed = True
-            self._idle.wait_for(lambda: self._inside == 0)
+            self._then = then
+            ready = self._take_then()
+        if ready is not None:
+            ready()
+        return ready is not None
+
+    def _take_then(self) -> Callable[[], None] | None:
+        """Under the lock: what to run now that the readers may be done, at most once."""
+        if not self._closed or self._inside or self._then is None:
+            return None
+        then, self._then = self._then, None
+        return then

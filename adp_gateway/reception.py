@@ -4,10 +4,11 @@ A connection is either a status request (``adp-gateway status``, answered for ro
 gateway's own user, then closed) or a client's hello: its tenant is admitted (tenants.py), its
 L1 segment mapped for zero-copy ops when it sent one (or its process attached for remote copy
 when it offered that and the kernel lets the gateway read it: remote.py), and a session is
-opened and welcomed. At
-most ``HANDSHAKES_MAX`` handshakes run at once, each within ``handshake_timeout_s``. A connection
-refused for any reason gets one frame saying why, never waiting on the client; the refusals are
-logged rarely, so a flood of them cannot fill the log.
+opened and welcomed. The whole handshake, however the client paces its bytes, completes within
+``handshake_timeout_s`` or is dropped, and handshakes in progress are bounded per peer uid
+(handshake_slots.py). A connection refused for any reason gets one frame saying why, never
+waiting on the client, and leaves a line in the log (refusals.py: folded per peer uid and reason
+under a flood).
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import unix_socket
 from adp_gateway.config import GatewayConfig
-from adp_gateway.errors import GatewayError, HandshakeRefused, ProtocolError
+from adp_gateway.errors import GatewayError, ProtocolError
+from adp_gateway.handshake_slots import HandshakeSlots
 from adp_gateway.l1 import L1Segment
+from adp_gateway.refusals import RefusalLog
 from adp_gateway.remote import ClientProcess
 from adp_gateway.session import Session
-from adp_gateway.tenants import Peer, Tenants
+from adp_gateway.tenants import AccessDenied, Peer, Tenants
 from adp_wire.protocol import (
     Hello,
     is_status_request,
@@ -39,7 +41,6 @@ from adp_wire.protocol import (
 from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
-HANDSHAKES_MAX = 8  # handshakes in progress at once; connections beyond them are refused at once
 
 # Makes the session of an admitted client, or raises HandshakeRefused (the gateway is full).
 OpenSession = Callable[[socket.socket, Hello, str, L1Segment | None, ClientProcess | None], Session]
@@ -57,8 +58,8 @@ class Reception:
         self._tenants = tenants
         self._open_session = open_session
         self._status = status
-        self._handshakes = threading.BoundedSemaphore(HANDSHAKES_MAX)
-        self._refusals = _RareLog(log)
+        self._slots = HandshakeSlots(tenants.declares)
+        self.refusals = RefusalLog(log)
 
     def run(self, listener: socket.socket) -> None:
         """Accept until the listener is shut down; each connection is served on a thread of
@@ -68,32 +69,29 @@ class Reception:
                 conn, _ = listener.accept()
             except OSError:
                 return  # the listener is closed: the gateway is stopping
-            if not self._handshakes.acquire(blocking=False):
-                self._refuse(
-                    conn,
-                    unix_socket.peer_of(conn),
-                    f"{HANDSHAKES_MAX} handshakes are in progress already; try again shortly",
-                )
+            peer = unix_socket.peer_of(conn)
+            busy = self._slots.take(peer)
+            if busy is not None:
+                self._refuse(conn, peer, busy, "busy")
                 continue
-            NamedThread(target=self._serve, args=(conn,), name="session", daemon=True).start()
+            NamedThread(target=self._serve, args=(conn, peer), name="session", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: Peer) -> None:
         """Handshake (holding a handshake slot), then run the session (holding none)."""
         try:
-            session = self._handshake(conn)
+            session = self._handshake(conn, peer)
         finally:
-            self._handshakes.release()
+            self._slots.give_back(peer)
         if session is not None:
             session.run()
 
-    def _handshake(self, conn: socket.socket) -> Session | None:
-        peer = unix_socket.peer_of(conn)
+    def _handshake(self, conn: socket.socket, peer: Peer) -> Session | None:
         received: list[int] = []  # the client's L1 segment, if it sent one
+        deadline = time.monotonic() + self._config.handshake_timeout_s  # for all of it
         try:
-            conn.settimeout(self._config.handshake_timeout_s)
-            body, received = recv_frame(conn, fds_max=1)
+            body, received = recv_frame(conn, fds_max=1, deadline=deadline)
             if is_status_request(body):
-                self._answer_status(conn, peer)
+                self._answer_status(conn, peer, deadline)
                 return None
             hello = parse_hello(body)
             self._tenants.admit(hello, peer)
@@ -109,13 +107,17 @@ class Reception:
                 raise
             try:
                 welcome, fds = session.welcome()
-                send_frame(conn, welcome_body(welcome), fds)
+                send_frame(conn, welcome_body(welcome), fds, deadline)
                 conn.settimeout(None)
             except BaseException:  # the client went away mid-handshake: free what it held
                 session.close(started=False)
                 raise
+        except TimeoutError:
+            self._refuse(conn, peer, self._timed_out(), "timeout")
+            return None
         except (GatewayError, OSError) as exc:
-            self._refuse(conn, peer, str(exc) or type(exc).__name__)
+            kind = exc.kind if isinstance(exc, AccessDenied) else type(exc).__name__
+            self._refuse(conn, peer, str(exc) or type(exc).__name__, kind)
             return None
         finally:
             for fd in received:
@@ -126,46 +128,32 @@ class Reception:
         log.info("%s connected%s", session.name, path)
         return session
 
-    def _answer_status(self, conn: socket.socket, peer: Peer) -> None:
+    def _timed_out(self) -> str:
+        return (
+            f"the handshake did not complete within handshake_timeout_s "
+            f"({self._config.handshake_timeout_s:g} s); dropped"
+        )
+
+    def _answer_status(self, conn: socket.socket, peer: Peer, deadline: float) -> None:
         """``adp-gateway status``: for the gateway's own user and root only, since it names
         every tenant and what each holds."""
         if peer.uid not in (0, os.geteuid()):
-            raise HandshakeRefused(
+            raise AccessDenied(
                 f"status is for root and the gateway's user (uid {os.geteuid()}), not uid "
-                f"{peer.uid}"
+                f"{peer.uid}",
+                "status",
             )
-        send_frame(conn, {"ok": True, "status": self._status()})
+        send_frame(conn, {"ok": True, "status": self._status()}, deadline=deadline)
         conn.close()
 
-    def _refuse(self, conn: socket.socket, peer: Peer, why: str) -> None:
-        """Tell the client why in one frame (never waiting on it), close, log (rarely)."""
-        self._refusals.warning("refused client %s: %s", peer, why)
+    def _refuse(self, conn: socket.socket, peer: Peer, why: str, kind: str) -> None:
+        """Tell the client why in one frame (never waiting on it), close, log (refusals.py:
+        one line per refusal, folded per uid and ``kind`` under a flood)."""
+        self.refusals.refused(peer, kind, why)
         with contextlib.suppress(OSError):
             conn.setblocking(False)
             send_frame(conn, {"ok": False, "error": why})
         conn.close()
-
-
-class _RareLog:
-    """Warnings that a flood could repeat thousands of times: the first one, then at most one
-    line every ``interval_s`` saying how many were left out."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
-        self._logger = logger
-        self._interval_s = interval_s
-        self._next = 0.0
-        self._left_out = 0
-        self._lock = threading.Lock()
-
-    def warning(self, message: str, *args: object) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now < self._next:
-                self._left_out += 1
-                return
-            left_out, self._left_out, self._next = self._left_out, 0, now + self._interval_s
-        suffix = f" (and {left_out} more refusals since the last such line)" if left_out else ""
-        self._logger.warning(message + suffix, *args)
 
 
 def _map_l1(hello: Hello, fds: list[int], peer: Peer) -> L1Segment | None:

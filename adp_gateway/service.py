@@ -26,6 +26,7 @@ from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import HandshakeRefused
+from adp_gateway.footprint import Footprint
 from adp_gateway.health import DeviceHealth
 from adp_gateway.l1 import L1Segment
 from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
@@ -35,7 +36,7 @@ from adp_gateway.presence import slots_for as presence_slots_for
 from adp_gateway.priority import STORE_PATIENCE_S, Boost
 from adp_gateway.reception import Reception
 from adp_gateway.remote import ClientProcess
-from adp_gateway.scheduler import Scheduler
+from adp_gateway.scheduler import Scheduler, Task
 from adp_gateway.session import Session
 from adp_gateway.tenants import Tenants
 from adp_wire.protocol import Hello, Status
@@ -48,6 +49,11 @@ log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 0.1
 RATE_SAMPLE_INTERVAL_S = 5.0
 STUCK_AFTER_S = 10.0  # /healthz fails once the housekeeping thread has not ticked this long
+# A stop waits this long for running I/O, then this long for the seal and final sync: both
+# within systemd's TimeoutStopSec (60 s in docs/operations.md), so a stuck disk never makes the
+# gateway wait on the kernel for ever (docs/reliability.md, "Every wait has a deadline").
+STOP_IO_WAIT_S = 10.0
+CLOSE_WAIT_S = 10.0
 
 
 class Gateway:
@@ -61,6 +67,22 @@ class Gateway:
         ``boost`` gives the gateway its priority back while loads run or stores wait
         (adp_gateway/priority.py)."""
         check_host()
+        footprint = Footprint(config)  # before anything is made: a refused start takes it back
+        self._metrics_server: MetricsServer | None = None
+        try:
+            self._start_up(config, wrap_device, boost)
+        except BaseException:
+            self._abandon_start()
+            footprint.undo()
+            raise
+        self._footprint = footprint
+
+    def _start_up(
+        self,
+        config: GatewayConfig,
+        wrap_device: Callable[[Device], Device] | None,
+        boost: Boost | None,
+    ) -> None:
         # Before the databases are touched: a second gateway on a live socket is refused
         # without creating or preallocating anything.
         unix_socket.claim(config.socket_path, config.socket_group)
@@ -72,7 +94,6 @@ class Gateway:
         self._starting = 0  # sessions being made, counted against max_sessions; under _lock
         self._session_ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:  # /healthz answers during the recovery too
             self._metrics_server = MetricsServer(
                 config.metrics_address,
@@ -86,6 +107,7 @@ class Gateway:
         self._wrap_device = wrap_device or (lambda device: device)
         self.devices: list[DeviceHealth] = []
         self._listener: socket.socket | None = None
+        self._socket_file: os.stat_result | None = None  # what to remove at stop
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.tenants = Tenants(self.config.tenants)
@@ -104,6 +126,12 @@ class Gateway:
             self._periodic_sync = PeriodicSync(
                 self.store.sync_all, self.config.sync_interval_ms / 1000
             )
+
+    def _abandon_start(self) -> None:
+        """A start refused before the store opened (open_store closes what it opened of it
+        when it fails): let go of the metrics port."""
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
 
     def _open_store(self) -> ObjectStore:
         """Open the card the config names (adp_gateway/card/loader.py) and rebuild its index."""
@@ -171,9 +199,16 @@ class Gateway:
         return {**status, "pools": pools, "device_errors": errors}
 
     def start(self) -> None:
-        self._listener = listener = unix_socket.listen(
-            self.config.socket_path, self.config.socket_group
-        )
+        """Listen and serve; a start refused here (the socket cannot be bound) stops what was
+        opened and takes back the files this start made (footprint.py)."""
+        try:
+            self._listener = unix_socket.listen(self.config.socket_path, self.config.socket_group)
+            self._socket_file = unix_socket.bound_identity(self.config.socket_path)
+        except BaseException:
+            self.stop()
+            self._footprint.undo()
+            raise
+        listener = self._listener
         if self._periodic_sync is not None:
             self._periodic_sync.start()
         for i in range(self.config.io_threads):
@@ -197,23 +232,62 @@ class Gateway:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone won't
             self._listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.socket_path)
+            unix_socket.release_path(self.config.socket_path, self._socket_file)
         for task in self.scheduler.close():
             task.cancel(Status.FAILED)  # the client learns at once instead of at its deadline
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
             session.stop()
+        # Running I/O gets STOP_IO_WAIT_S in all to finish. A thread still inside the kernel
+        # after that (a disk that does not answer) keeps its fds: the store is then left as a
+        # kill leaves it (the next start walks its open regions), never closed under it.
+        deadline = time.monotonic() + STOP_IO_WAIT_S
         for thread in self._threads:
-            thread.join(timeout=30)
-        if self._periodic_sync is not None:
-            self._periodic_sync.stop()
-        self.store.close()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        if self._periodic_sync is not None and not self._periodic_sync.stop(
+            max(0.0, deadline - time.monotonic())
+        ):
+            stuck.append("periodic-sync")
+        if stuck:
+            log.error(
+                "%s still waiting on the disk after %g s: stopping without sealing the open "
+                "regions or closing the databases (the next start recovers them as after a "
+                "kill)",
+                ", ".join(stuck),
+                STOP_IO_WAIT_S,
+            )
+        else:
+            self._close_store()
         self.presence.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
+        self._reception.refusals.flush()  # the refusals folded since their last line
         log.info("gateway stopped")
+
+    def _close_store(self) -> None:
+        """Seal, sync and close the store, on a thread of its own: a final sync the disk never
+        answers costs the stop CLOSE_WAIT_S, not the whole stop. Raises what close raised."""
+        failure: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                self.store.close()
+            except BaseException as exc:  # handed to the stopping thread
+                failure.append(exc)
+
+        closer = NamedThread(target=close, name="close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
+        if closer.is_alive():
+            log.error(
+                "closing the databases (sealing, the final sync) has not returned in %g s: "
+                "stopping without waiting for it (the next start recovers what it did not do)",
+                CLOSE_WAIT_S,
+            )
+        elif failure:
+            raise failure[0]
 
     def _spawn(self, name: str, target: object) -> None:
         thread = NamedThread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
@@ -223,15 +297,8 @@ class Gateway:
     def _io_loop(self) -> None:
         while not self._stopping.is_set():
             task = self.scheduler.next(timeout_s=0.5)
-            if task is None:
-                continue
-            try:
-                task.run()
-            except Exception:  # a bug must not kill an I/O thread: fail the op, log it
-                log.exception("unexpected error in an I/O task")
-                task.cancel(Status.FAILED)
-            finally:
-                self.scheduler.finished(task)
+            if task is not None:
+                run_task(self.scheduler, task)
 
     def _expire_loop(self) -> None:
         """Fail queued ops past their deadline, even while every I/O thread is stuck, so they
@@ -244,6 +311,7 @@ class Gateway:
             if self._boost is not None:
                 self._boost.settle(self._must_not_wait)
             self._fold_client_counts()
+            self._reception.refusals.flush_due()
             if time.monotonic() >= next_sample:  # the last minute's rates, for `status`
                 self._rates.sample()
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
@@ -308,6 +376,18 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+
+
+def run_task(scheduler: Scheduler, task: Task) -> None:
+    """Run one queued task on an I/O thread. A bug must not kill the thread: the task's ops
+    fail (those it completed already stay as they were: a session reports each op once)."""
+    try:
+        task.run()
+    except Exception:
+        log.exception("unexpected error in an I/O task")
+        task.cancel(Status.FAILED)
+    finally:
+        scheduler.finished(task)
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:

@@ -116,7 +116,9 @@ class Session:
         self._submissions = submission_consumer(self._memory, layout)
         self._completions = completion_producer(self._memory, layout)
         self._backlog: deque[Completion] = deque()  # completions waiting for room in the CQ
-        self._inflight: dict[int, tuple[float, int]] = {}  # slot -> (arrival, keys) of its op
+        # slot -> (op id, arrival, keys) of the op that holds it: a completion is pushed only
+        # for the op in flight on its slot, so once per op, whatever path completes it.
+        self._inflight: dict[int, tuple[int, float, int]] = {}
         self._metrics = metrics
         self._lock = threading.Lock()
         # Threads ringing the complete doorbell now: they ring outside the lock (a system call
@@ -200,12 +202,15 @@ class Session:
         if self._presence is not None:
             self._presence.release(self.tenant)
         self._scheduler.drop_session(self.session_id)
-        self._l1_readers.close()  # EOF tells the client the gateway has let go of its L1
-        if self._l1 is not None:
-            self._l1.close()
-        if self._remote is not None:
-            self._remote.close()
-        self._sock.close()
+        # EOF tells the client the gateway has let go of its L1: the socket closes once no
+        # zero-copy or remote-copy store reads it, which may be after this session is gone (a
+        # write stuck in the kernel); the session does not wait for it.
+        if not self._l1_readers.close(self._let_go_of_client):
+            log.warning(
+                "%s: a store is still being read from the client's L1; its "
+                "socket closes once the kernel has finished with it",
+                self.name,
+            )
         os.close(self._submit_doorbell)
         with self._lock:
             self._close_complete_doorbell()
@@ -215,6 +220,15 @@ class Session:
         # freed as soon as the last queued task lets go of it, not at the collector's next pass.
         del self._work
         self._on_close(self)
+
+    def _let_go_of_client(self) -> None:
+        """No store reads the client's L1 any more: unmap it (or let go of its process),
+        close the socket."""
+        if self._l1 is not None:
+            self._l1.close()
+        if self._remote is not None:
+            self._remote.close()
+        self._sock.close()
 
     def _close_memfd(self) -> None:
         """Close the fds only the handshake needed (the ring's memfd, the presence table's)."""
@@ -239,15 +253,22 @@ class Session:
         hits: int = 1,
     ) -> None:
         """Report an op done (any thread): ``hits`` of its keys found (lookups, deletes).
-        Dropped silently once the session is closed."""
+        Dropped silently once the session is closed, and when the op was reported already
+        (a task that failed after completing some of its ops, then cancelled them all): the
+        client must see each op's completion once, or it drops the whole session."""
         completion = Completion(
             submission.op_id, submission.slot, status, 0, 0, result_bytes, 0, data_bytes
         )
         with self._lock:
             if self._closed:
                 return
+            holder = self._inflight.get(submission.slot)
+            if holder is None or holder[0] != submission.op_id:
+                log.debug("%s: op %d was reported already", self.name, submission.op_id)
+                return
+            del self._inflight[submission.slot]
+            _, arrived, keys = holder
             self._summary.ended(status)
-            arrived, keys = self._inflight.pop(submission.slot, (time.monotonic(), 1))
             self._backlog.append(completion)
             try:
                 while self._backlog and self._completions.push(self._backlog[0]):
@@ -302,7 +323,7 @@ class Session:
         op = self._check(submission)
         arena = self._layout.arena(self._memory, submission.slot)
         keys = decode_keys(bytes(arena[: submission.request_bytes]), KEYS_PER_REQUEST_MAX)
-        self._claim(submission.slot, len(keys))
+        self._claim(submission, len(keys))
         if time.monotonic_ns() > submission.deadline_ns:
             self.complete(submission, Status.EXPIRED)
         elif op == Op.EXISTS:
@@ -329,11 +350,11 @@ class Session:
                 raise ProtocolError(f"slot {submission.slot} reused while its op is in flight")
         return Op(submission.op)
 
-    def _claim(self, slot: int, keys: int) -> None:
-        """Hold ``slot`` for its op until it completes (its arrival and keys are for the
-        metrics). Only this session's thread claims slots, so ``_check`` saw it free."""
+    def _claim(self, submission: Submission, keys: int) -> None:
+        """Hold the op's slot until it completes (its arrival and keys are for the metrics).
+        Only this session's thread claims slots, so ``_check`` saw it free."""
         with self._lock:
-            self._inflight[slot] = time.monotonic(), keys
+            self._inflight[submission.slot] = submission.op_id, time.monotonic(), keys
 
     def _queue_data_op(
         self, op: Op, submission: Submission, keys: list[str], arena: memoryview, wanted: list[Load]

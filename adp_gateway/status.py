@@ -7,10 +7,11 @@ answer is printed as a few lines for people, or as JSON with ``--json``.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 from adp_gateway.errors import HandshakeRefused, StartupError
-from adp_wire.protocol import recv_frame, send_frame, status_request
+from adp_wire.protocol import connect_within, recv_frame, send_frame, status_request
 from adp_wire.units import format_size
 
 TIMEOUT_S = 5.0
@@ -20,10 +21,11 @@ def ask(socket_path: str) -> dict[str, Any]:
     """The running gateway's status; StartupError when none answers at ``socket_path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(TIMEOUT_S)
+    deadline = time.monotonic() + TIMEOUT_S  # for the whole exchange, however it is paced
     try:
-        sock.connect(socket_path)
-        send_frame(sock, status_request())
-        body, _ = recv_frame(sock)
+        connect_within(sock, socket_path, deadline)
+        send_frame(sock, status_request(), deadline=deadline)
+        body, _ = recv_frame(sock, deadline=deadline)
     except OSError as exc:
         raise StartupError(
             f"no gateway answers at {socket_path} ({exc.strerror or exc}): is it running, and "

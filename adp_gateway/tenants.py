@@ -25,7 +25,12 @@ from adp_wire.tokens import read_token
 
 
 class AccessDenied(GatewayError):
-    """A client may not connect as the tenant it named; the message says why."""
+    """A client may not connect as the tenant it named (or ask for status); the message says
+    why, naming no tenant but the one it asked for. ``kind`` says which check refused it."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class TenantConfig(Settings):
@@ -58,6 +63,10 @@ class Tenants:
     def open_mode(self) -> bool:
         return not self._tenants
 
+    def declares(self, peer: Peer) -> bool:
+        """Whether a tenant lists ``peer``'s uid or gid (its handshakes get their own slots)."""
+        return any(peer.uid in t.uids or peer.gid in t.gids for t in self._tenants.values())
+
     def admit(self, hello: Hello, peer: Peer) -> None:
         """Raise AccessDenied unless ``peer`` may connect as ``hello.tenant``."""
         if self.open_mode:
@@ -65,15 +74,17 @@ class Tenants:
         tenant = self._tenants.get(hello.tenant)
         if tenant is None:
             raise AccessDenied(
-                f"tenant {hello.tenant!r} is not declared in the gateway config "
-                f"(declared: {', '.join(sorted(self._tenants))})"
+                f"tenant {hello.tenant!r} is not declared in the gateway config: declare it "
+                "in `tenants`, or set the plugin's adapter_params.tenant to a declared one",
+                "undeclared tenant",
             )
         if (tenant.uids or tenant.gids) and not (
             peer.uid in tenant.uids or peer.gid in tenant.gids
         ):
             raise AccessDenied(
                 f"uid {peer.uid} gid {peer.gid} may not connect as tenant {hello.tenant!r}: "
-                "add the uid or gid to the tenant's `uids` or `gids`"
+                "add the uid or gid to the tenant's `uids` or `gids`",
+                "uid not admitted",
             )
         expected = self._tokens.get(hello.tenant)
         if expected is not None and not hmac.compare_digest(
@@ -81,7 +92,8 @@ class Tenants:
         ):
             raise AccessDenied(
                 f"wrong or missing token for tenant {hello.tenant!r}: set the plugin's "
-                "adapter_params.token_file to a copy of the tenant's token file"
+                "adapter_params.token_file to a copy of the tenant's token file",
+                "wrong token",
             )
 
 

@@ -17,6 +17,10 @@ from adp_gateway.errors import StartupError
 from adp_gateway.tenants import Peer
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# Connections the kernel queues for accept (capped by net.core.somaxconn): a burst, or a gateway
+# short of CPU, must not turn clients away with EAGAIN (they also retry: lmcache_adp/link.py).
+LISTEN_BACKLOG = 1024
+PROBE_TIMEOUT_S = 2.0  # a live gateway accepts at once (the kernel queues the connection)
 
 
 def peer_of(conn: socket.socket) -> Peer:
@@ -29,17 +33,30 @@ def peer_of(conn: socket.socket) -> Peer:
 
 
 def claim(path: str, group: str | None) -> None:
-    """Make the socket's directory ready, and refuse a path a live gateway serves."""
+    """Make the socket's directory ready, and refuse a path a live gateway serves. Only a
+    socket is ever removed there (one left by a gateway that died): anything else at the path
+    (a config or token file given to ``--socket`` by mistake, a directory) is refused, never
+    deleted."""
     _prepare_dir(os.path.dirname(os.path.abspath(path)), group)
-    if not os.path.exists(path):
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
         return
+    except OSError as exc:
+        raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
+    if not stat.S_ISSOCK(info.st_mode):
+        raise StartupError(
+            f"{path} is {_kind_of(info.st_mode)}, not a socket: the gateway replaces only a "
+            "socket a gateway left behind; give `--socket` (or `socket:`) the socket's own path"
+        )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        probe.settimeout(PROBE_TIMEOUT_S)
         probe.connect(path)
     except OSError as exc:
         if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
             raise StartupError(f"cannot check the socket {path}: {exc.strerror}") from exc
-        os.unlink(path)  # left behind by a gateway that died
+        _unlink_if(path, info)  # left behind by a gateway that died
     else:
         raise StartupError(
             f"{path} is already served by a live gateway: stop it first, or "
@@ -47,6 +64,46 @@ def claim(path: str, group: str | None) -> None:
         )
     finally:
         probe.close()
+
+
+def bound_identity(path: str) -> os.stat_result:
+    """The socket file ``listen`` made at ``path``, so that ``release_path`` removes that one
+    and no other."""
+    return os.lstat(path)
+
+
+def release_path(path: str, identity: os.stat_result | None) -> None:
+    """Remove the socket at ``path`` if it is still the file ``identity`` describes."""
+    if identity is None:
+        return
+    with contextlib.suppress(OSError):
+        current = os.lstat(path)
+        if stat.S_ISSOCK(current.st_mode) and _same_inode(identity, current):
+            os.unlink(path)
+
+
+def _same_inode(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _unlink_if(path: str, seen: os.stat_result) -> None:
+    """Unlink the stale socket ``seen`` at ``path``, unless something else took its place."""
+    with contextlib.suppress(FileNotFoundError):
+        current = os.lstat(path)
+        if stat.S_ISSOCK(current.st_mode) and _same_inode(seen, current):
+            os.unlink(path)
+
+
+def _kind_of(mode: int) -> str:
+    kinds = [
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISCHR, "a character device"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a socket")
 
 
 def _prepare_dir(directory: str, group: str | None) -> None:
@@ -95,7 +152,7 @@ def listen(path: str, group: str | None) -> socket.socket:
             raise StartupError(
                 f"cannot give the socket to group {group!r}: {exc.strerror}; fix `socket_group`"
             ) from exc
-    listener.listen(64)
+    listener.listen(LISTEN_BACKLOG)
     return listener
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -97,24 +98,56 @@ class Welcome:
     remote_copy: int = 0  # 1 when the gateway copies stores out of the client's memory itself
 
 
-def send_frame(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:
+def connect_within(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connect ``sock`` (which has a timeout) to ``path`` by ``deadline`` (monotonic). While
+    the listener's accept queue is full (a burst of connections, or a busy gateway), a Unix
+    socket with a timeout fails a connect at once (EAGAIN) where a blocking one would wait:
+    try again, briefly, until the deadline."""
+    pause_s = 0.005
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause_s > deadline:
+                raise
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 0.1)
+
+
+def send_frame(
+    sock: socket.socket,
+    body: dict[str, Any],
+    fds: list[int] | None = None,
+    deadline: float | None = None,
+) -> None:
+    """Send one frame (with ``fds``). With ``deadline`` (``time.monotonic()``), a peer that
+    does not take it by then raises TimeoutError, however it paces its reads."""
     data = msgpack.packb(body, use_bin_type=True)
     frame = _FRAME_HEADER.pack(len(data)) + data
     if fds:
-        socket.send_fds(sock, [frame], fds)
-    else:
-        sock.sendall(frame)
+        _until(sock, deadline)
+        sent = socket.send_fds(sock, [frame], fds)
+        frame = frame[sent:]
+    while frame:
+        _until(sock, deadline)
+        frame = frame[sock.send(frame) :]
 
 
-def recv_frame(sock: socket.socket, fds_max: int = 0) -> tuple[dict[str, Any], list[int]]:
+def recv_frame(
+    sock: socket.socket, fds_max: int = 0, deadline: float | None = None
+) -> tuple[dict[str, Any], list[int]]:
     """Read one frame (and up to ``fds_max`` fds sent with its first bytes). A frame that is
-    refused raises ``ProtocolError`` with the fds that came with it closed."""
+    refused raises ``ProtocolError`` with the fds that came with it closed. With ``deadline``
+    (``time.monotonic()``), a frame not whole by then raises TimeoutError: the socket's own
+    timeout bounds each read, so a peer dripping a byte at a time would otherwise never end."""
     fds: list[int] = []
     try:
-        (length,) = _FRAME_HEADER.unpack(_recv_exact(sock, _FRAME_HEADER.size, fds_max, fds))
+        header = _recv_exact(sock, _FRAME_HEADER.size, fds_max, fds, deadline)
+        (length,) = _FRAME_HEADER.unpack(header)
         if length > FRAME_BYTES_MAX:
             raise ProtocolError(f"handshake frame of {length} bytes exceeds {FRAME_BYTES_MAX}")
-        body = _recv_exact(sock, length, 0, fds)
+        body = _recv_exact(sock, length, 0, fds, deadline)
         try:
             value = msgpack.unpackb(body, raw=False, max_str_len=FRAME_BYTES_MAX)
         except Exception as exc:
@@ -128,11 +161,14 @@ def recv_frame(sock: socket.socket, fds_max: int = 0) -> tuple[dict[str, Any], l
     return value, fds
 
 
-def _recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) -> bytes:
+def _recv_exact(
+    sock: socket.socket, size: int, fds_max: int, fds: list[int], deadline: float | None
+) -> bytes:
     """``size`` bytes; fds sent with them (up to ``fds_max``) are appended to ``fds``."""
     chunks: list[bytes] = []
     received = 0
     while received < size:
+        _until(sock, deadline)
         if fds_max and not fds:
             data, new_fds, _, _ = socket.recv_fds(sock, size - received, fds_max)
             fds.extend(new_fds)
@@ -143,6 +179,17 @@ def _recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) ->
         chunks.append(data)
         received += len(data)
     return b"".join(chunks)
+
+
+def _until(sock: socket.socket, deadline: float | None) -> None:
+    """Bound the next socket call by what is left until ``deadline``; TimeoutError once none
+    is."""
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    sock.settimeout(left)
 
 
 def status_request() -> dict[str, Any]:

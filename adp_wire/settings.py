@@ -15,16 +15,16 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from adp_wire.errors import ConfigError
 from adp_wire.units import parse_size
 
-__all__ = ["ByteSize", "OneOrMany", "Settings", "build", "describe", "explain"]
+__all__ = ["ByteSize", "OneOrMany", "Settings", "build", "checked", "describe", "explain"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -66,6 +66,19 @@ _T = TypeVar("_T")
 OneOrMany = Annotated[list[_T], BeforeValidator(_one_or_many)]
 
 
+def checked(problem: Callable[[Any], str | None]) -> AfterValidator:
+    """A field check beyond its type and bounds: ``problem(value)`` says what is wrong with
+    the value and how to fix it, or None; its words become the field's error line."""
+
+    def check(value: Any) -> Any:
+        reason = problem(value)
+        if reason is not None:
+            raise PydanticCustomError("value", "{reason}", {"reason": reason})
+        return value
+
+    return AfterValidator(check)
+
+
 def build(model: type[M], values: Any, where: str, root: str = "") -> M:
     """Return ``model`` checked from ``values``. ``where`` starts every error line (a file, or
     who reads the settings); ``root`` names the mapping within it (``adapter_params``)."""
@@ -101,7 +114,7 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
         return f"{name}: must be {word} {ctx.get('le', ctx.get('lt'))}, got {value!r}"
     if kind == "literal_error":
         return f"{name}: {value!r} is not a choice: write {ctx['expected']}"
-    if kind == "size":
+    if kind in ("size", "value"):  # our own validators' messages (_size, checked)
         return f"{name}: {error['msg']}"
     expected = _EXPECTED.get(kind, error["msg"].lower())
     if kind == "list_type" and loc and isinstance(loc[-1], str):

@@ -66,7 +66,7 @@ def measure(
         if error is not None:
             raise RuntimeError(f"the gateway did not start: {error}")
         connector = plugin.connect(
-            gateway, op_timeout_s=300, reconnect_interval_s=RECONNECT_INTERVAL_S
+            gateway, op_timeout_s=120, reconnect_interval_s=RECONNECT_INTERVAL_S
         )
         plugin.wait_connected(connector)
         keys = plugin.object_keys(objects)

@@ -7,12 +7,43 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 
-from adp_wire.protocol import default_socket_path
-from adp_wire.settings import OneOrMany, Settings, build
+from adp_wire.protocol import TENANT_BYTES_MAX, default_socket_path
+from adp_wire.settings import OneOrMany, Settings, build, checked
+
+# LMCache's L1 locks expire after --l1-read-ttl-seconds (300 by default): past it LMCache may
+# hand an L1 buffer to another use while an op of ours still holds it. An op must end well
+# before that, its grace (the copy slices in progress) included.
+L1_LOCK_TTL_S = 300.0
+OP_TIMEOUT_MAX_S = 120.0
+
+
+def _socket_path_problem(path: str | None) -> str | None:
+    if path == "":
+        return "is empty: give the gateway's socket path, or null for its default"
+    return None
+
+
+def _tenant_problem(tenant: str) -> str | None:
+    if not 0 < len(tenant.encode()) <= TENANT_BYTES_MAX:
+        return (
+            f"must be 1 to {TENANT_BYTES_MAX} bytes (UTF-8), got {len(tenant.encode())}: "
+            "use the name of a tenant the gateway config declares"
+        )
+    return None
+
+
+def _op_timeout_problem(seconds: float) -> str | None:
+    if seconds > OP_TIMEOUT_MAX_S:
+        return (
+            f"must be at most {OP_TIMEOUT_MAX_S:g}, got {seconds:g}: LMCache's L1 locks expire "
+            f"after {L1_LOCK_TTL_S:g} s (--l1-read-ttl-seconds), and past them an L1 buffer "
+            "can be reused while an op still holds it"
+        )
+    return None
 
 
 class ADPParams(Settings):
@@ -21,7 +52,7 @@ class ADPParams(Settings):
         "deadline (op_timeout_s) instead of failing at once; remove the key",
     }
 
-    socket_path: str | None = Field(
+    socket_path: Annotated[str | None, checked(_socket_path_problem)] = Field(
         default=None,
         description="Unix socket of the gateway (adp-gateway serve --socket); null: the "
         "gateway's default (adp_wire.protocol.default_socket_path)",
@@ -32,7 +63,7 @@ class ADPParams(Settings):
         "a socket directory anyone else can write; root always counts. null: the plugin's own "
         "user",
     )
-    tenant: str = Field(
+    tenant: Annotated[str, checked(_tenant_problem)] = Field(
         default="default",
         description="tenant name sent at the handshake; objects are namespaced by it",
     )
@@ -40,10 +71,11 @@ class ADPParams(Settings):
         default=None,
         description="file holding the tenant's secret token, if its gateway asks for one",
     )
-    op_timeout_s: float = Field(
+    op_timeout_s: Annotated[float, checked(_op_timeout_problem)] = Field(
         default=10.0,
         ge=0.001,
-        description="every op completes (as a failure or miss) within this",
+        description="every op completes (as a failure or miss) within this; at most 120, "
+        "well under LMCache's 300 s L1 lock TTL",
     )
     lookup_timeout_s: float = Field(
         default=1.0,

@@ -150,7 +150,7 @@ class IOLoop:
         link = self._link
         assert link is not None
         for lane in Lane:
-            slots_max, window_bytes_max = room(lane, link.welcome)
+            slots_max, window_bytes_max, slots_kept = room(lane, link.welcome)
             while (request := self._lanes.head(lane)) is not None:
                 batch = request.batch
                 if batch.done or batch.due:
@@ -164,7 +164,7 @@ class IOLoop:
                     if not self._store_posts_left:
                         break  # the next step's turn
                     link.place_store(request)
-                if not link.try_reserve(request, slots_max, window_bytes_max):
+                if not link.try_reserve(request, slots_max, window_bytes_max, slots_kept):
                     break
                 self._lanes.pop(lane)
                 if lane == Lane.STORE:

@@ -9,6 +9,9 @@ stores all arrive on it. So they wait in separate lanes, served in this order:
 - STORE needs a slot and window room (or none, zero-copy), and holds at most half of the
   session's slots and half of its window, so a store backlog never leaves loads without room.
 
+LOAD, DELETE and STORE together leave an eighth of the slots free (``lookup_slots``), so a
+lookup always finds one.
+
 A request that cannot get room blocks only its own lane, never one served before it. A store
 waits for room until its deadline however many wait with it: LMCache's L1 holds its bytes
 already, and one failed at once would be in L1 only, gone from every tier once L1 evicts it.
@@ -48,14 +51,26 @@ class Lane(IntEnum):
 LANE_OF = {Op.EXISTS: Lane.LOOKUP, Op.GET: Lane.LOAD, Op.DELETE: Lane.DELETE, Op.SET: Lane.STORE}
 
 
-def room(lane: Lane, welcome: Welcome) -> tuple[int, int]:
-    """The slots and window bytes the requests of ``lane`` may hold at once on a session."""
+def room(lane: Lane, welcome: Welcome) -> tuple[int, int, int]:
+    """The slots and window bytes the requests of ``lane`` may hold at once on a session, and
+    the free slots they must leave: every lane but LOOKUP leaves an eighth of the slots (at
+    least one) to lookups, whatever the other lanes hold, so a lookup the presence table
+    cannot answer never waits for a load or a store to end."""
     slots, window = welcome.slots, welcome.window_bytes
+    kept = lookup_slots(slots)
     if lane == Lane.STORE:
-        return max(1, slots // 2), window // 2
+        return max(1, slots // 2), window // 2, kept
     if lane == Lane.LOAD:
-        return max(1, slots - slots // 8), window  # an eighth of the slots stays for lookups
-    return slots, 0
+        return max(1, slots - kept), window, kept
+    if lane == Lane.DELETE:
+        return slots, 0, kept
+    return slots, 0, 0
+
+
+def lookup_slots(slots: int) -> int:
+    """The slots kept free for lookups on a session of ``slots``: an eighth, at least one
+    (none on a one-slot session, which could then do nothing else)."""
+    return max(1, slots // 8) if slots > 1 else 0
 
 
 class Lanes:

@@ -23,6 +23,7 @@ from adp_wire.protocol import (
     Hello,
     Op,
     Welcome,
+    connect_within,
     given_up_span,
     hello_body,
     parse_welcome,
@@ -128,22 +129,24 @@ class GatewayLink:
         check_host()
         trust.check_socket_directory(path, trusted)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + timeout_s  # for the whole handshake, however paced
         try:
             sock.settimeout(timeout_s)
-            sock.connect(path)
+            connect_within(sock, path, deadline)
             gateway_pid = trust.check_peer(sock, path, trusted)
             if l1 is None:
                 if probe is not None:
                     remote.let_read_by(gateway_pid)
                     hello = replace(hello, remote_probe=probe.address, remote_token=probe.token)
-                send_frame(sock, hello_body(hello))
+                send_frame(sock, hello_body(hello), deadline=deadline)
             else:
                 segment = l1.open()
                 try:
-                    send_frame(sock, hello_body(replace(hello, l1_bytes=l1.size)), [segment])
+                    body = hello_body(replace(hello, l1_bytes=l1.size))
+                    send_frame(sock, body, [segment], deadline)
                 finally:
                     os.close(segment)
-            body, fds = recv_frame(sock, fds_max=4)
+            body, fds = recv_frame(sock, fds_max=4, deadline=deadline)
             try:
                 welcome = parse_welcome(body)
                 expected = 4 if welcome.presence_slots else 3
@@ -176,13 +179,15 @@ class GatewayLink:
         except OSError:
             return False
 
-    def try_reserve(self, request: Request, slots_max: int, window_bytes_max: int) -> bool:
+    def try_reserve(
+        self, request: Request, slots_max: int, window_bytes_max: int, slots_kept: int = 0
+    ) -> bool:
         """Take a slot (and a window extent for a GET or a SET that is not zero-copy), as long
         as requests of its op then hold at most ``slots_max`` slots and ``window_bytes_max``
-        bytes of the window (one object always may, so no object is too large to ever go);
-        False when there is no room."""
+        bytes of the window (one object always may, so no object is too large to ever go),
+        and ``slots_kept`` slots stay free (lookups' share); False when there is no room."""
         op = request.op
-        if not self._free_slots or self._held_slots[op] >= slots_max:
+        if len(self._free_slots) <= slots_kept or self._held_slots[op] >= slots_max:
             return False
         data_bytes = 0
         if request.l1_offset is not None:

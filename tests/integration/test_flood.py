@@ -8,9 +8,14 @@ new one is served once the flood has gone.
 
 from __future__ import annotations
 
+import os
 import resource
+import select
+import signal
 import socket
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,15 +23,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway.reception import HANDSHAKES_MAX
+from adp_gateway.handshake_slots import PER_UID_MAX
 from adp_wire.protocol import Hello, hello_body, send_frame
 from lmcache_adp import ADPConnector
-from tests.support import Gateway, wait_for_future, wait_until
+from lmcache_adp.link import GatewayLink
+from tests.support import BIN, Gateway, wait_for_future, wait_until
 from tests.support.plugin import connected
 
 pytestmark = pytest.mark.integration
 MAX_SESSIONS = 8
 CONFIG = f"max_sessions: {MAX_SESSIONS}\nhandshake_timeout_s: 1.0\nsession_window_size: 8MiB\n"
+NOBODY = 65534  # uid of `nobody` and gid of `nogroup` on Debian
 KINDS = ("closed at once", "silent", "half a hello", "never reads")
 WAVES, PER_WAVE = 4, 250  # 1,000 connections
 
@@ -114,11 +121,11 @@ def test_a_flood_of_connections_leaves_the_gateway_bounded_and_serving(
                     if sock is not None:
                         sock.close()
         threads, fds, rss = map(max, zip(*samples, strict=True))
-        # One thread per handshake in progress and per session (the connected client's one
-        # included), whatever came in; their fds; their memory (each session's window is
-        # shared memory touched only where data moves).
-        assert threads <= threads0 + HANDSHAKES_MAX + MAX_SESSIONS, (threads0, threads)
-        assert fds <= fds0 + 4 * (HANDSHAKES_MAX + MAX_SESSIONS), (fds0, fds)
+        # One thread per handshake in progress (the flood is one uid's: its slots) and per
+        # session (the connected client's one included), whatever came in; their fds; their
+        # memory (each session's window is shared memory touched only where data moves).
+        assert threads <= threads0 + PER_UID_MAX + MAX_SESSIONS, (threads0, threads)
+        assert fds <= fds0 + 4 * (PER_UID_MAX + MAX_SESSIONS), (fds0, fds)
         assert rss <= rss0 + 64 * 2**20, (rss0, rss)
         log = gateway.log()
         assert 0 < log.count("refused client") < 50  # a flood is a few lines, not 1,000
@@ -155,3 +162,138 @@ def test_one_client_past_max_sessions_is_refused_and_told_why(
 def sessions(gateway: Gateway) -> int:
     """Sessions the gateway has begun, from its log."""
     return gateway.log().count(" connected")
+
+
+def test_a_dripping_handshake_is_dropped_at_its_deadline(
+    workdir: Path, make_gateway: Callable[..., Gateway]
+) -> None:
+    """`handshake_timeout_s` bounds the whole handshake, not each read: a client that sends a
+    frame length and then one byte every 0.3 s (each read well within 1 s) is dropped once
+    1 s has passed since it connected."""
+    (workdir / "gateway.yaml").write_text(CONFIG)
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(gateway.socket_path))
+    started = time.monotonic()
+    try:
+        sock.send(b"\x00\x10\x00\x00")  # a 4 KiB frame is coming
+        dropped = False
+        while not dropped and time.monotonic() - started < 6:
+            time.sleep(0.3)
+            try:
+                sock.send(b"\x00")
+                dropped = bool(select.select([sock], [], [], 0)[0])  # the refusal, or EOF
+            except OSError:
+                dropped = True
+        assert dropped, "the gateway kept a dripping handshake past its deadline"
+        assert time.monotonic() - started < 3.0
+    finally:
+        sock.close()
+    wait_until(lambda: "did not complete within handshake_timeout_s" in gateway.log(), 10, "log")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to hold connections as another user")
+def test_a_stranger_holding_handshakes_takes_only_its_own_slots(
+    workdir: Path, make_gateway: Callable[..., Gateway]
+) -> None:
+    """Another user's process (uid nobody, not declared) holds twelve silent handshakes for as
+    long as it may: only PER_UID_MAX of them get a slot, and the users the gateway knows (its
+    own: `adp-gateway status` and a plugin here) still handshake at once."""
+    workdir.chmod(0o755)  # let `nobody` reach the socket's directory
+    (workdir / "gateway.yaml").write_text(
+        "socket_group: nogroup\nhandshake_timeout_s: 60\nsession_window_size: 8MiB\n"
+    )
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    release_read, release_write = os.pipe()
+    report_read, report_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(release_write)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            held = []
+            for _ in range(12):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.connect(str(gateway.socket_path))
+                held.append(sock)
+            time.sleep(1.0)  # the gateway has refused the ones past the slots by now
+            refused = sum(bool(select.select([s], [], [], 0)[0]) for s in held)
+            os.write(report_write, str(refused).encode())
+            os.read(release_read, 1)  # hold the rest until the parent is done
+        finally:
+            os._exit(0)
+    os.close(report_write)
+    os.close(release_read)
+    try:
+        refused = int(os.read(report_read, 16) or b"-1")
+        assert refused == 12 - PER_UID_MAX
+        result = subprocess.run(
+            [str(BIN / "adp-gateway"), "status", "--socket", str(gateway.socket_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 0, result.stderr
+        client = ADPConnector(**gateway.adapter_params())
+        connected(client)
+        client.close()
+        assert f"{PER_UID_MAX} handshakes of uid {NOBODY} are in progress already" in gateway.log()
+    finally:
+        os.close(release_write)
+        os.close(report_read)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to fill the queue as another user")
+def test_a_client_connecting_while_the_accept_queue_is_full_waits_instead_of_failing(
+    workdir: Path, make_gateway: Callable[..., Gateway]
+) -> None:
+    """A Unix socket with a timeout fails a connect at once (EAGAIN) while the listener's
+    accept queue is full, as a stranger's flood leaves it on a gateway short of CPU: the plugin
+    gave up and failed its ops. It now retries until its handshake deadline."""
+    workdir.chmod(0o755)  # let `nobody` reach the socket's directory
+    (workdir / "gateway.yaml").write_text("socket_group: nogroup\nsession_window_size: 8MiB\n")
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    release_read, release_write = os.pipe()
+    report_read, report_write = os.pipe()
+    gateway.send_signal(signal.SIGSTOP)  # it accepts nothing: the queue fills
+    pid = os.fork()
+    if pid == 0:  # the child, a stranger: never returns into pytest
+        try:
+            os.close(release_write)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            queued = []
+            while True:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                try:
+                    sock.connect(str(gateway.socket_path))
+                except BlockingIOError:
+                    break
+                queued.append(sock)
+            os.write(report_write, str(len(queued)).encode())
+            os.read(release_read, 1)
+        finally:
+            os._exit(0)
+    os.close(report_write)
+    os.close(release_read)
+    resumed = threading.Timer(0.5, lambda: gateway.send_signal(signal.SIGCONT))
+    try:
+        assert int(os.read(report_read, 16) or b"0") > 0  # the queue is full
+        resumed.start()
+        link = GatewayLink.connect(
+            str(gateway.socket_path), Hello("default"), 5.0, frozenset({os.getuid()})
+        )
+        link.close()
+    finally:
+        resumed.cancel()
+        gateway.send_signal(signal.SIGCONT)
+        os.close(release_write)
+        os.close(report_read)
+        os.waitpid(pid, 0)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from adp_gateway.service import CLOSE_WAIT_S, STOP_IO_WAIT_S
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, wait_for_future, wait_until
 from tests.support.faulty_gateway import FaultyGateway
@@ -184,3 +185,32 @@ def test_a_corrupted_byte_is_a_logged_miss_and_check_names_it(faulty: FaultyGate
     faulty.stop()
     report = check_disk(faulty)
     assert report.startswith("exit 1") and f"{victim} fragment 0: payload fails" in report
+
+
+def test_a_stop_with_a_write_stuck_in_the_kernel_ends_on_time_and_leaves_the_data_readable(
+    faulty: FaultyGateway,
+) -> None:
+    """A stop used to join each I/O thread for 30 s and then seal and sync under a thread still
+    in the kernel (each footer write stuck too): a stalled disk held SIGTERM for minutes, past
+    systemd's TimeoutStopSec. Now it waits STOP_IO_WAIT_S in all, leaves the databases as a
+    kill would (never closed under a running write), and exits; the next start recovers
+    everything acknowledged before."""
+    client = Client(faulty)
+    kept = keyed_objects(40, 3, FRAGMENT_BYTES)
+    assert client.store(kept) == [True] * 3
+    for database in (0, 1):
+        faulty.inject(database=database, delay_s=120)
+    mark = len(faulty.log())
+    client.connector.submit_batch_set(["stuck"], [memoryview(bytearray(FRAGMENT_BYTES))])
+    wait_until(lambda: "holding a write" in faulty.log()[mark:], 10, "the stuck write")
+    client.close()
+    started = time.monotonic()
+    assert faulty.stop(timeout_s=60) == 0
+    assert time.monotonic() - started < STOP_IO_WAIT_S + CLOSE_WAIT_S + 5
+    assert "still waiting on the disk" in faulty.log()
+    faulty.start()
+    client = Client(faulty)
+    try:
+        assert client.load(kept) == [True] * 3
+    finally:
+        client.close()

@@ -197,3 +197,41 @@ def test_close_with_ops_in_flight_reports_each_once_and_never_writes_l1_after(
     slow.inject(clear=True)
     wait_until(lambda: "closed:" in slow.log()[mark:], 30, "the gateway to end the session")
     assert all(bytes(b) == bytes([0x5A]) * MiB for b in buffers), "L1 was written after close"
+
+
+def test_loads_and_stores_together_leave_lookups_their_eighth_of_the_slots(
+    workdir: Path, made: list[Plugin]
+) -> None:
+    """Loads may hold all but an eighth of a session's slots and stores half, but nothing kept
+    the eighth: stores and then loads held every slot, and a lookup the presence table could
+    not answer waited for one of them to end. Loads, stores and deletes together now leave an
+    eighth of the slots free, so such a lookup is answered while both wait on a slow disk."""
+    capacity = 512 * MiB
+    (workdir / "gateway.yaml").write_text(
+        "session_window_size: 64MiB\nsession_slots: 16\nfragment_size: 1MiB\n"
+        "region_size: 8MiB\ndatabases_per_dir: 2\n"
+    )
+    slow = FaultyGateway(workdir, "512MiB", "--config", str(workdir / "gateway.yaml")).start()
+    try:
+        plugin = Plugin(slow, op_timeout_s=60.0, lookup_timeout_s=30.0)
+        made.append(plugin)
+        homes = keys_at_home(PROBES_MAX + 1, presence_slots_for(capacity), 0, "crowd-")
+        crowd = {key: bytes([i]) * 4096 for i, key in enumerate(homes)}
+        assert plugin.wait(plugin.store(crowd))[3] == [True] * len(crowd)
+        held = keyed_objects(8, 16, MiB)
+        assert plugin.wait(plugin.store(held))[3] == [True] * len(held)
+        for database in (0, 1):
+            slow.inject(database=database, delay_s=3.0)
+        stores = [plugin.store({k: v}) for k, v in keyed_objects(9, 16, MiB).items()]
+        into = [memoryview(bytearray(MiB)) for _ in held]
+        loads = [
+            plugin.connector.submit_batch_get([key], [view])
+            for key, view in zip(held, into, strict=True)
+        ]
+        lookup = plugin.connector.submit_batch_exists(list(crowd))  # through the ring
+        assert plugin.wait(lookup)[3] == [True] * len(crowd)
+        assert not set(stores + loads) & set(plugin.order), "the lookup waited for a slot"
+        slow.inject(clear=True)
+        assert all(plugin.wait(f)[1] is True for f in stores + loads)
+    finally:
+        slow.kill()

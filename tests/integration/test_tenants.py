@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 import textwrap
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adp_wire.protocol import Hello, hello_body, recv_frame, send_frame
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, LMCacheServer, run_mp_client, wait_for_future, wait_until
 from tests.support.plugin import connected
@@ -253,3 +255,54 @@ def test_other_tenants_and_other_cache_salts_miss_through_lmcache(
     alice_server.stop()
     bob_server = make_server(tenant_gateway.l2_adapter_json(tenant="bob", token_file=token)).start()
     assert run_mp_client(bob_server, "check", 5, "--chunks", "2", "--cache-salt", "user1") == 1
+
+
+def hello_answer(gateway: Gateway, hello: Hello | None) -> str:
+    """Connect and send ``hello`` (None: leave at once, as a probe does); the gateway's
+    refusal, or "" when it welcomed the client or sent nothing."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10)
+        sock.connect(str(gateway.socket_path))
+        if hello is None:
+            return ""
+        send_frame(sock, hello_body(hello))
+        body, fds = recv_frame(sock, fds_max=4)
+        for fd in fds:
+            os.close(fd)
+        return "" if body.get("ok") else str(body.get("error"))
+    finally:
+        sock.close()
+
+
+def test_every_refusal_leaves_a_line_and_a_flood_is_counted_at_stop(
+    tenant_gateway: Gateway,
+) -> None:
+    """A refusal right after another of the same uid is still logged when its reason differs
+    (before, one line per 10 s for all peers and reasons: a wrong token after a harmless probe
+    left no trace); a burst of one reason is folded, and its count is logged at stop."""
+    uid = os.getuid()
+    assert hello_answer(tenant_gateway, None) == ""  # a probe: connects and leaves
+    wait_until(lambda: "peer closed the socket" in tenant_gateway.log(), 10, "the probe's line")
+    assert "wrong or missing token" in hello_answer(tenant_gateway, Hello("bob", token="guess"))
+    wait_until(
+        lambda: "wrong or missing token for tenant 'bob'" in tenant_gateway.log(),
+        10,
+        "the wrong token's line, right after the probe's",
+    )
+    for attempt in range(5):
+        hello_answer(tenant_gateway, Hello("bob", token=f"guess-{attempt}"))
+    assert tenant_gateway.stop() == 0
+    log = tenant_gateway.log()
+    token_lines = [line for line in log.splitlines() if "wrong or missing token" in line]
+    assert len(token_lines) == 2, token_lines  # the first; the other five, folded, at stop
+    assert f"(and 4 more refusals like it of uid {uid} in the last 10 s)" in token_lines[1]
+
+
+def test_a_refusal_names_no_other_tenant(tenant_gateway: Gateway) -> None:
+    """A process that can open the socket learns nothing of the tenants it did not name."""
+    told = hello_answer(tenant_gateway, Hello("eve"))
+    assert "tenant 'eve' is not declared" in told
+    for other in ("alice", "bob", "carol", "mallory"):
+        assert other not in told
+        assert other not in tenant_gateway.log().split("refused client", 1)[1]

@@ -349,6 +349,32 @@ def test_a_gateway_killed_mid_load_releases_its_ops_at_once(
     connector.close()
 
 
+def test_a_session_whose_zero_copy_write_is_stuck_in_the_kernel_still_closes(
+    workdir: Path, shared_l1: SharedL1
+) -> None:
+    """An O_DIRECT write from L1 that the kernel holds (a lost NVMe-oF path; here a database
+    stalled for 30 s) used to keep its session from closing: closing waited for the write, so
+    the session kept its place under `max_sessions` and no other client could connect. Now
+    the session closes at once and its socket (the client's sign that the gateway let go of
+    its L1) closes when the write ends."""
+    config = workdir / "gateway.yaml"
+    config.write_text("region_size: 8MiB\nfragment_size: 1MiB\nmax_sessions: 1\n")
+    gateway = FaultyGateway(workdir, "256MiB", "--config", str(config)).start()
+    try:
+        first = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
+        gateway.inject(database=0, delay_s=30)
+        mark = len(gateway.log())
+        first.submit_batch_set(["stuck"], [shared_l1.buffer(2**20)])
+        wait_until(lambda: "holding a write" in gateway.log()[mark:], 10, "the stuck write")
+        first.close()  # waits op_timeout_s for the gateway's EOF, then closes anyway
+        wait_until(lambda: "closed:" in gateway.log(), 10, "the first session to close")
+        second = plugin(gateway)  # the one place under max_sessions is free again
+        assert "still being written from the client's L1" in gateway.log()
+        second.close()
+    finally:
+        gateway.kill()
+
+
 def test_lmcache_server_with_l1_in_shared_memory_stores_zero_copy(
     gateway: Gateway, make_server: Callable[..., LMCacheServer]
 ) -> None:

@@ -11,6 +11,8 @@ plugin's completion waiter. Beside it, one module per helper:
 - ``mp_client``, ``many_clients_driver``, ``l2_roundtrip``, ``vllm_client``: LMCache's own
   clients and L2 adapter stack driven against a server (scripts, some run from other venvs)
 - ``crash_driver``, ``crash_model``: the crash test's client process and its model
+- ``corruption``: the corruption suite's images, map of on-disk structures and trials
+- ``hostile_clients``: the hostile-client suite's strangers (run as a script)
 - ``soak_client``, ``soak_controller``, ``soak_sampling``: the soak test's parts
 - ``compat``: a venv per LMCache release; ``e2e_stack``, ``make_model``, ``run_vllm``: real vLLM
 - ``docker_image``: the image under test; ``fuzz_parsers``: fuzz targets and their oracles

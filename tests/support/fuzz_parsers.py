@@ -67,6 +67,7 @@ from adp_gateway.card.software.sealing import (
 )
 from adp_gateway.errors import HandshakeRefused, ProtocolError
 from adp_gateway.format import (
+    FORMAT_VERSION,
     HEADER_BYTES,
     NAME_BYTES_MAX,
     RECORD_MAGIC,
@@ -1045,7 +1046,10 @@ def draw_superblock(src: Source) -> bytes:
             page,
             0,
             SUPERBLOCK_MAGIC if src.integer(0, 9) else src.binary(8).ljust(8, b"\0"),
-            pick(src, [1, 1, 0, 2, U16]),
+            pick(
+                src,
+                [FORMAT_VERSION, FORMAT_VERSION, 0, FORMAT_VERSION - 1, FORMAT_VERSION + 1, U16],
+            ),
             src.integer(0, U16),
             src.integer(0, U32),
             unsigned(src, U64),
@@ -1062,7 +1066,7 @@ def draw_superblock(src: Source) -> bytes:
 @target
 def target_superblock(src: Source) -> None:
     """unpack_superblock: None (for a buffer shorter than its 4 KiB page too), or the Superblock
-    of a page with the magic, version 1 and a checksum that holds; it round-trips and ignores
+    of a page with the magic, FORMAT_VERSION and a checksum that holds; it round-trips and ignores
     bytes past its page."""
     buf = draw_superblock(src)
     found = record_format.unpack_superblock(memoryview(buf))
@@ -1071,7 +1075,9 @@ def target_superblock(src: Source) -> None:
         return
     magic, version, *_ = SUPERBLOCK_FIELDS.unpack_from(buf)
     (stored,) = struct.unpack_from("<Q", buf, CHECKSUM_AT)
-    assert magic == SUPERBLOCK_MAGIC and version == 1, f"accepted {magic!r} version {version}"
+    assert magic == SUPERBLOCK_MAGIC and version == FORMAT_VERSION, (
+        f"accepted {magic!r} version {version}"
+    )
     assert stored == checksum(buf[:CHECKSUM_AT]), "accepted a superblock whose checksum fails"
     page = memoryview(bytearray(HEADER_BYTES))
     pack_superblock(found, page)
@@ -1465,7 +1471,9 @@ def plants(name: str, caught_as: type[BaseException], match: str) -> Callable[[A
 def plant_frame(patch: Patch) -> None:
     """recv_frame's reader forgets that an empty read means EOF: it spins forever."""
 
-    def recv_exact(sock: socket.socket, size: int, fds_max: int, fds: list[int]) -> bytes:
+    def recv_exact(
+        sock: socket.socket, size: int, fds_max: int, fds: list[int], deadline: float | None
+    ) -> bytes:
         chunks: list[bytes] = []
         while sum(map(len, chunks)) < size:
             chunks.append(sock.recv(size - sum(map(len, chunks))))
@@ -1593,7 +1601,7 @@ def plant_superblock(patch: Patch) -> None:
         if len(buf) < HEADER_BYTES:
             return real(buf)
         page = bytearray(buf[:HEADER_BYTES])
-        struct.pack_into("<H", page, 8, 1)
+        struct.pack_into("<H", page, 8, FORMAT_VERSION)
         if struct.unpack_from("<Q", buf, CHECKSUM_AT)[0] == checksum(buf[:CHECKSUM_AT]):
             struct.pack_into("<Q", page, CHECKSUM_AT, checksum(bytes(page[:CHECKSUM_AT])))
         return real(bytes(page))

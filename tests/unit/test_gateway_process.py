@@ -196,6 +196,42 @@ def test_restart_after_sigkill_takes_over_the_stale_socket(gateway: Gateway) -> 
     assert gateway.alive
 
 
+@pytest.mark.parametrize("kind", ["regular file", "directory", "symbolic link"])
+def test_a_socket_path_that_is_not_a_socket_is_refused_and_left_alone(
+    workdir: Path, kind: str
+) -> None:
+    """A swapped `--config` and `--socket` must not delete the operator's file: only a socket
+    is ever removed at that path; anything else is one line, and stays as it was."""
+    target = workdir / "gateway.yaml"
+    target.write_text("capacity: 256MiB\n")
+    path = workdir / "not-a-socket"
+    if kind == "regular file":
+        path = target
+    elif kind == "directory":
+        path.mkdir()
+        (path / "inside").write_text("kept")
+    else:
+        path.symlink_to(target)
+    result = run_gateway(
+        "--data-dir", str(workdir / "d"), "--socket", str(path), "--capacity", "256MiB"
+    )
+    assert f"is a {kind}, not a socket" in one_line_error(result)
+    assert "Traceback" not in result.stderr
+    assert target.read_text() == "capacity: 256MiB\n"
+    assert path.exists() or path.is_symlink()
+    if kind == "directory":
+        assert (path / "inside").read_text() == "kept"
+    assert not (workdir / "d").exists()  # refused before any database was made
+
+
+def test_stop_leaves_a_socket_path_another_process_took_over(gateway: Gateway) -> None:
+    """At stop the gateway removes its own socket, not a file put at its path since."""
+    gateway.socket_path.unlink()
+    gateway.socket_path.write_text("someone else's")
+    assert gateway.stop(signal.SIGTERM) == 0
+    assert gateway.socket_path.read_text() == "someone else's"
+
+
 @contextlib.contextmanager
 def hostile_client(
     socket_path: Path,

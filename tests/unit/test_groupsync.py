@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
+from adp_gateway.card.software.devices import groupsync
 from adp_gateway.card.software.devices.groupsync import GroupSync, PeriodicSync
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from tests.support import wait_until
@@ -97,3 +100,42 @@ def test_a_failing_periodic_sync_keeps_its_clock() -> None:
     periodic.start()
     wait_until(lambda: len(calls) >= 3, 10, "commits to go on after a failure")
     periodic.stop()
+
+
+class StuckSyncDevice(MemoryDevice):
+    """A device whose fdatasync does not return until released (a disk that stopped
+    answering)."""
+
+    def __init__(self) -> None:
+        super().__init__(4096)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def sync(self) -> None:
+        self.entered.set()
+        self.release.wait(30)
+        super().sync()
+
+
+def test_a_caller_waiting_for_a_stuck_sync_gives_up_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sync waits for the one in progress, which waited for ever while the disk did not
+    answer; now it fails (TimeoutError, an OSError the card turns into a failed op) once
+    SYNC_WAIT_S has passed."""
+    monkeypatch.setattr(groupsync, "SYNC_WAIT_S", 0.3, raising=False)
+    device = StuckSyncDevice()
+    gate = GroupSync(device)
+    gate.wrote()
+    first = threading.Thread(target=gate.sync)
+    first.start()
+    assert device.entered.wait(10)
+    gate.wrote()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"has not returned in 0\.3 s"):
+            gate.sync()
+        assert time.monotonic() - started < 5
+    finally:
+        device.release.set()
+        first.join(10)

@@ -56,10 +56,12 @@ GATEWAY_LAYERS = [
         "adp_gateway.card.software.devices.preparer",
         "adp_gateway.health",
         "adp_gateway.config",
+        "adp_gateway.handshake_slots",
+        "adp_gateway.refusals",
     },
     # The card seam: the key-value surface every card implements; the object store above
     # (adp_gateway.objects) talks only to it, and the loader picks the card.
-    {"adp_gateway.card.base"},
+    {"adp_gateway.card.base", "adp_gateway.footprint", "adp_gateway.card.software.superblocks"},
     # The software card, one module per concern (docs/design.md, "The card seam").
     {"adp_gateway.card.software.regions"},
     {
@@ -70,7 +72,7 @@ GATEWAY_LAYERS = [
     },
     {"adp_gateway.card.software.pools", "adp_gateway.card.software.preparation"},
     {"adp_gateway.card.software.records", "adp_gateway.card.software.recovery"},
-    {"adp_gateway.card.software.regionlog", "adp_gateway.check"},
+    {"adp_gateway.card.software.regionlog", "adp_gateway.check", "adp_gateway.formatting"},
     {
         "adp_gateway.card.software.values",
         "adp_gateway.card.software.catalog",

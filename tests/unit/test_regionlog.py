@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from adp_gateway.card.software import records
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
@@ -345,3 +347,28 @@ def test_a_failed_first_write_leaves_nothing_of_its_filling_and_frees_the_region
     location = log.append(0, header(2, 8192, ZEROS), extent(ZEROS))
     assert location.region == 0 and log.read(location, None) is not None
     assert scanned_seqs(RegionLog([device.inner], REGION, lambda *r: [])) == [2]
+
+
+def test_an_append_waiting_for_a_stuck_first_write_gives_up_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record placed in a region whose first write (another thread's) the disk holds waited
+    for that write for ever; now it gives up after FIRST_WRITE_WAIT_S, unwritten, and its
+    append fails (the op fails; the other thread's records are not affected)."""
+    monkeypatch.setattr(records, "FIRST_WRITE_WAIT_S", 0.3, raising=False)
+    device = FaultyDevice(MemoryDevice(SIZE))
+    log = RegionLog([device], REGION, lambda *r: [])
+    data = payload(7, 4096)
+    device.delay_s = 3.0  # the region's first write sleeps 3 s, like a disk that hangs
+    first_done: list[object] = []
+    first = threading.Thread(
+        target=lambda: first_done.append(log.append(0, header(1, 4096, data), extent(data)))
+    )
+    first.start()
+    time.sleep(0.2)  # the first append has reserved its region and is inside its write
+    started = time.monotonic()
+    with pytest.raises(StorageError, match="first write"):
+        log.append(0, header(2, 4096, data), extent(data))
+    assert time.monotonic() - started < 2.0
+    first.join(30)
+    assert first_done, "the first append should still land"

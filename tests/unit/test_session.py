@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,6 +15,7 @@ from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.errors import ProtocolError
 from adp_gateway.metrics import Metrics
 from adp_gateway.scheduler import Scheduler
+from adp_gateway.service import run_task
 from adp_gateway.session import Session
 from adp_wire.protocol import Op, Status, encode_keys
 from adp_wire.ring.layout import LOOKUPS, PAGE_BYTES, UNTAKEN, RingLayout, Submission, map_shared
@@ -177,3 +179,34 @@ def test_stores_the_client_did_not_take_are_counted_once_and_nonsense_is_not(
     s.fold_client_counts()
     assert (untaken._value.get(), untaken_bytes._value.get()) == (5, 5 * 2**20)
     assert "5 stores not taken (5.0 MiB)" in s._summary.describe()
+
+
+def test_a_task_that_fails_after_completing_some_loads_reports_each_load_once(
+    session: tuple[Session, Scheduler, memoryview], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load group whose first load expired (completed by the task) and whose read then
+    raises something other than a StorageError (a bug): the I/O thread cancels the task,
+    which completes every load of the group again. The client must still see one completion
+    per op, or it takes the duplicate for a protocol error and fails its whole session."""
+    s, scheduler, memory = session
+    completions = completion_consumer(memory, LAYOUT)
+    soon = time.monotonic_ns() + 200_000_000
+    loads = []
+    for slot, deadline in ((0, soon), (1, FAR)):
+        payload = encode_keys([f"k{slot}"])
+        LAYOUT.arena(memory, slot)[: len(payload)] = payload
+        loads.append(
+            Submission(100 + slot, Op.GET, 0, 0, slot, len(payload), 0, deadline, 0, PAGE_BYTES)
+        )
+    s.dispatch(loads)  # one group, one task
+
+    def broken(*args: object) -> list[bool]:
+        raise RuntimeError("a bug in the read path")
+
+    monkeypatch.setattr(s._store, "get_many", broken)
+    time.sleep(0.25)  # the first load's deadline passes before the task runs
+    task = scheduler.next(timeout_s=0)
+    assert task is not None
+    run_task(scheduler, task)  # what every I/O thread does with a task
+    got = [(c.op_id, Status(c.status)) for c in completions.pop_all()]
+    assert sorted(got) == [(100, Status.EXPIRED), (101, Status.FAILED)]

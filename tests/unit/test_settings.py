@@ -63,6 +63,33 @@ def test_mistyped_param_is_named(key: str, value: object) -> None:
         parse({key: value})
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("socket_path", "", "is empty: give the gateway's socket path, or null"),
+        ("op_timeout_s", 1000, "must be at most 120, got 1000: LMCache's L1 locks expire"),
+        ("op_timeout_s", 301.0, "must be at most 120"),
+        ("tenant", "", "must be 1 to 64 bytes"),
+        ("tenant", "t" * 65, "must be 1 to 64 bytes (UTF-8), got 65"),
+        ("tenant", "é" * 33, "got 66"),  # bytes, as the handshake counts them
+    ],
+)
+def test_params_that_would_fail_later_are_refused_at_once(
+    key: str, value: object, says: str
+) -> None:
+    """An empty socket path silently meant the default socket; an op timeout past LMCache's
+    L1 lock TTL let a buffer be reused under an op; a tenant name the handshake refuses failed
+    only at connect time. Each is now one line at construction, naming the fix."""
+    with pytest.raises(ConfigError, match=f"adapter_params.{key}: ") as raised:
+        parse({key: value})
+    assert says in str(raised.value)
+
+
+def test_params_at_their_limits_are_accepted() -> None:
+    params = parse({"op_timeout_s": 120, "tenant": "t" * 64, "socket_path": None})
+    assert params.op_timeout_s == 120 and len(params.tenant) == 64
+
+
 def test_ints_are_accepted_for_floats() -> None:
     assert parse({"op_timeout_s": 3}).op_timeout_s == 3.0
 
@@ -110,6 +137,15 @@ def test_gateway_yaml_documents_every_key_with_the_defaults() -> None:
     for name in names:  # each key has a comment line right above it
         before = text.split(f"\n{name}:")[0].rstrip().splitlines()[-1]
         assert before.startswith("#"), name
+
+
+def test_operations_guide_names_the_default_sync_policy_the_code_has() -> None:
+    """docs/operations.md's sync table marks one policy "(default)"; it said `always` while
+    the code, the README and configs/gateway.yaml said `periodic`."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text.split("### Sync policy", 1)[1].split("\n\n", 2)[1]
+    defaults = [row.split("`")[1] for row in table.splitlines() if "(default)" in row]
+    assert defaults == [GatewayConfig().sync]
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:

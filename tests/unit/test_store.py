@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.values import ValueIO
 from tests.support.storage import REGION, extent, locations, make_devices, open_store, payload
 
 SIZE = 4096 + 8 * REGION
@@ -189,3 +191,28 @@ def test_a_store_reports_its_writes_landed_before_it_waits_for_its_sync() -> Non
         ],
     )
     assert events == ["written", "sync"]
+
+
+def test_a_value_io_pass_waits_for_every_database_whatever_the_callers_own_raises() -> None:
+    """each_database runs the caller's database itself and the others on their pools. When the
+    caller's own work raised anything but a StorageError (a bug), it used to return at once,
+    while the other databases still wrote from the op's window extent, which the op then gave
+    back to its client for reuse. Every database's work must have ended before it raises."""
+    log = RegionLog([MemoryDevice(SIZE), MemoryDevice(SIZE)], REGION, lambda *r: [])
+    io = ValueIO(log)
+    ended: list[float] = []
+
+    def work(database: int) -> int:
+        if database == 0:
+            raise RuntimeError("a bug in database 0's path")
+        time.sleep(0.5)  # database 1's write, still going
+        ended.append(time.monotonic())
+        return database
+
+    try:
+        with pytest.raises(RuntimeError):
+            io.each_database(work, [0, 1])
+        raised = time.monotonic()
+        assert ended and ended[0] <= raised
+    finally:
+        io.close()

@@ -192,20 +192,23 @@ def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
     assert config.capacity is not None
     paths = config.database_paths
     per_database = config.capacity // len(paths)
-    devices: list[Device] = [
-        context.wrap_device(
-            database, path, FileDevice(path, per_database, grow=path not in config.devices)
-        )
-        for database, path in enumerate(paths)
-    ]
+    devices: list[Device] = []
     holder: list[SoftwareCard] = []
-    region_log = RegionLog(
-        devices,
-        config.region_size,
-        lambda *region: holder[0].on_reclaim(*region),
-        Pools(region_quotas(config)),
-        durable_fillings=config.sync != "none",
-    )
+    try:
+        for database, path in enumerate(paths):
+            device = FileDevice(path, per_database, grow=path not in config.devices)
+            devices.append(context.wrap_device(database, path, device))
+        region_log = RegionLog(
+            devices,
+            config.region_size,
+            lambda *region: holder[0].on_reclaim(*region),
+            Pools(region_quotas(config)),
+            durable_fillings=config.sync != "none",
+        )
+    except BaseException:  # a refused start: let go of the databases (their locks) at once
+        for opened in devices:
+            opened.close()
+        raise
     card = SoftwareCard(
         region_log,
         config.fragment_size,  # the value size

@@ -6,8 +6,9 @@ no tenant ever evicts another's objects to make room. Every other tenant shares 
 (all of the card when no tenant has a quota). A region's pool is named in its first record.
 
 Every filling of a region starts with a header-only record naming its epoch (and then the
-tombstones it carries). It travels in the region's first write, in front of that write's
-records (records.py), so opening a region costs no I/O of its own.
+tombstones it carries), which also keeps a copy of the database's superblock. It travels in
+the region's first write, in front of that write's records (records.py), so opening a region
+costs no I/O of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from adp_gateway.card.software.devices.reader import aligned
 from adp_gateway.card.software.eviction import choose_victim
 from adp_gateway.card.software.regions import SHARED_POOL, Database, LogState, Region
 from adp_gateway.card.software.sealing import entry_bytes_max, fits
-from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, pack_header
+from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, pack_header, pack_region_start
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,10 @@ class Allocator:
                 log.error("database %d: %d tombstones not carried", db.index, len(carried))
                 break
             page = aligned(HEADER_BYTES)
-            pack_header(record, page, db.salt)
+            if record is start:  # it keeps a copy of the superblock (superblocks.py)
+                pack_region_start(record, db.superblock, page, db.salt)
+            else:
+                pack_header(record, page, db.salt)
             pages.append(page)
             if record is not start:
                 region.records.append((region.used_bytes, record))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +33,11 @@ from adp_gateway.card.software.sealing import Sealer, entry_bytes_max, fits
 from adp_gateway.errors import StorageError
 from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, pack_header, unpack_header
 from adp_wire.ring.layout import align_up
+
+# How long an append waits for another thread's first write of its region (which a disk that
+# does not answer can hold for ever): past it, its own records are not written and it fails.
+# The op's client has given up by then (op_timeout_s, 10 s by default).
+FIRST_WRITE_WAIT_S = 10.0
 
 
 class RecordWriter:
@@ -82,7 +88,14 @@ class RecordWriter:
             for i in order:
                 run = runs[i]
                 if not run.prologue and not self._wait_started(run.region):
-                    continue  # its region's first write failed: nothing of it may be written
+                    # Its region's first write failed, or has not landed in time: nothing of
+                    # the region may be written, and this append fails (never acknowledged).
+                    failure = failure or OSError(
+                        errno.EIO,
+                        f"its region's first write failed or did not land in "
+                        f"{FIRST_WRITE_WAIT_S:g} s",
+                    )
+                    continue
                 packed = pack_run(db, run, slices[i]) if failure is None else []
                 buffers = [*run.prologue, *packed]
                 ticket = 0  # the write's, in the group sync; 0: it did not land
@@ -104,10 +117,16 @@ class RecordWriter:
         return landed, failure
 
     def _wait_started(self, region: Region) -> bool:
-        """Wait until the region's first write is over; whether it landed."""
+        """Wait until the region's first write is over (at most FIRST_WRITE_WAIT_S); whether
+        it landed."""
         with self._state.lock:
-            self._state.started.wait_for(lambda: region.started is not None)
+            self._first_write_over(region)
             return bool(region.started)
+
+    def _first_write_over(self, region: Region) -> None:
+        """Under the lock: wait until the region's first write is over, at most
+        FIRST_WRITE_WAIT_S (``region.started`` is still None after that)."""
+        self._state.started.wait_for(lambda: region.started is not None, FIRST_WRITE_WAIT_S)
 
     def _mark_started(self, db: Database, run: Run, ticket: int) -> None:
         """The region's first write is over (``ticket``: its write in the group sync, 0 if it
@@ -165,7 +184,7 @@ class RecordWriter:
         region = run.region
         locations = []
         with self._state.lock:
-            self._state.started.wait_for(lambda: region.started is not None)
+            self._first_write_over(region)
             written = written and bool(region.started)
             start = run.offset - db.region_offset(region.index)
             for header in run.headers:

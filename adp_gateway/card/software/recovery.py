@@ -42,7 +42,15 @@ from adp_gateway.card.software.sealing import (
     unpack_trailer,
 )
 from adp_gateway.card.software.tombstones import Tombstones
-from adp_gateway.format import HEADER_BYTES, RECORD_MAGIC, Kind, RecordHeader, unpack_header
+from adp_gateway.format import (
+    HEADER_BYTES,
+    RECORD_MAGIC,
+    Kind,
+    RecordHeader,
+    Superblock,
+    pack_region_start,
+    unpack_header,
+)
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 
@@ -100,6 +108,9 @@ class RegionScan:
     def _recover_region(self, db: Database, region: Region) -> list[FooterRow]:
         reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
         first = first_header(reader, db.salt)
+        repair = first is None and any(reader.page(0, read_ahead=False))
+        if repair:  # not free: its start record is damaged, and its records may not be
+            first = self._damaged_start(db, region, reader)
         if first is None:
             return []
         region.epoch = region.disk_epoch = region.last_access = first.epoch
@@ -108,7 +119,44 @@ class RegionScan:
         rows = read_footer(reader, db.salt, first.epoch)
         if rows:
             region.used_bytes = rows[-1][0] + HEADER_BYTES + align_up(rows[-1][7])
-            return rows
+        else:
+            rows = self._walk(db, region, reader, first)
+        if repair:
+            rewrite_start(reader, db.superblock, first)
+            db.group_sync.wrote()
+        return rows
+
+    def _damaged_start(
+        self, db: Database, region: Region, reader: RegionReader
+    ) -> RecordHeader | None:
+        """The start record a region whose first page is damaged had: its filling's epoch and
+        pool, from the records and trailer in it that still verify (a flipped byte in that
+        page must not cost the records behind it). None when nothing in it verifies."""
+        filling = damaged_filling(reader, db.salt)
+        if filling is None:
+            log.warning(
+                "database %d region %d: its start record is damaged and nothing in it "
+                "verifies; the region is reused",
+                db.index,
+                region.index,
+            )
+            return None
+        pools = {self._pools.of(tenant) for tenant in filling.tenants}
+        pool = pools.pop() if len(pools) == 1 else self._pools.SHARED
+        log.warning(
+            "database %d region %d: its start record is damaged; its records (filling %d) are "
+            "read from its footer or by a walk, and the start record is rewritten",
+            db.index,
+            region.index,
+            filling.epoch,
+        )
+        return RecordHeader(Kind.REGION, 0, pool, "", 0, epoch=filling.epoch)
+
+    def _walk(
+        self, db: Database, region: Region, reader: RegionReader, first: RecordHeader
+    ) -> list[FooterRow]:
+        """The records of a region without a valid footer, header by header; its footer is
+        written then."""
 
         def hole(at: int, resumed: int) -> None:
             log.warning(
@@ -222,6 +270,46 @@ def recover_values(found_regions: Iterable[RegionRecords]) -> Recovered:
     return Recovered(best, buried, top_seq)
 
 
+class Filling(NamedTuple):
+    """What a region whose start record is damaged still says of its filling."""
+
+    epoch: int
+    tenants: frozenset[str]  # of its data records
+
+
+def damaged_filling(reader: RegionReader, salt: int) -> Filling | None:
+    """The filling of a region whose first page holds no valid start record: the newest epoch
+    any header or trailer in it verifies with (a region's current filling is its newest), and
+    the tenants of that filling's data records; None when nothing in it verifies. Reads the
+    whole region once: it is only for a region whose first page was damaged."""
+    epoch = 0
+    tenants: set[str] = set()
+    limit = reader.region_bytes - TRAILER_BYTES
+    for offset in range(PAGE_BYTES, limit, PAGE_BYTES):
+        page = reader.page(offset)
+        if page[:8] != RECORD_MAGIC:
+            continue
+        header = unpack_header(page, salt)
+        if header is None or header.epoch < epoch:
+            continue
+        if header.epoch > epoch:
+            epoch, tenants = header.epoch, set()
+        if header.kind == Kind.DATA:
+            tenants.add(header.tenant)
+    trailer = unpack_trailer(reader.page(limit, read_ahead=False), salt)
+    if trailer is not None and trailer.epoch > epoch:
+        epoch, tenants = trailer.epoch, set()
+    return Filling(epoch, frozenset(tenants)) if epoch else None
+
+
+def rewrite_start(reader: RegionReader, superblock: Superblock, start: RecordHeader) -> None:
+    """Write a region's start record again (its first page was damaged), so the next start
+    and `adp-gateway check` read the region as any other."""
+    page = aligned(HEADER_BYTES)
+    pack_region_start(start, superblock, page, superblock.salt)
+    reader.device.write([page], reader.start)
+
+
 def first_header(reader: RegionReader, salt: int) -> RecordHeader | None:
     """The header of the region's first record, which gives its epoch; None: a free region."""
     return unpack_header(reader.page(0, read_ahead=False), salt)
@@ -240,16 +328,41 @@ def invalidate(reader: RegionReader, offset: int) -> None:
 
 def read_footer(reader: RegionReader, salt: int, epoch: int) -> list[FooterRow]:
     """The rows a valid footer of this epoch lists; [] when there is none."""
+    return inspect_footer(reader, salt, epoch)[0]
+
+
+def inspect_footer(
+    reader: RegionReader, salt: int, epoch: int
+) -> tuple[list[FooterRow], str | None]:
+    """The rows a valid footer of this epoch lists ([] when there is none), and what is wrong
+    with the region's trailer or footer: None when it has a valid one, or none at all (its
+    last page zeros, or a trailer of an older filling: a region filled when the gateway
+    stopped). A format zeroes every region's last page, and records never reach it, so any
+    other bytes there are damage."""
     trailer_at = reader.region_bytes - TRAILER_BYTES
-    trailer = unpack_trailer(reader.page(trailer_at, read_ahead=False), salt)
-    if trailer is None or trailer.epoch != epoch:
-        return []
+    page = reader.page(trailer_at, read_ahead=False)
+    if not any(page):
+        return [], None
+    trailer = unpack_trailer(page, salt)
+    if trailer is None:
+        return [], "its trailer (its last page) is damaged"
+    if trailer.epoch < epoch:
+        return [], None
+    if trailer.epoch > epoch:
+        return [], "its trailer names a newer filling than its start record"
     # A footer lies page aligned before the trailer, and holds at least an empty msgpack array.
-    end = trailer.footer_offset + trailer.footer_bytes
-    if trailer.footer_offset % PAGE_BYTES or end > trailer_at or not trailer.footer_bytes:
-        return []
-    rows = unpack_footer(reader.read(trailer.footer_offset, trailer.footer_bytes), trailer, salt)
-    return rows or []
+    padded = align_up(trailer.footer_bytes)
+    if trailer.footer_offset % PAGE_BYTES or trailer.footer_offset + padded > trailer_at:
+        return [], "its trailer locates no footer"
+    if not trailer.footer_bytes:
+        return [], "its trailer locates no footer"
+    blob = reader.read(trailer.footer_offset, padded)
+    rows = unpack_footer(blob[: trailer.footer_bytes], trailer, salt)
+    if rows is None:
+        return [], "its footer is damaged"
+    if any(blob[trailer.footer_bytes :]):
+        return rows, "its footer's padding is damaged"
+    return rows, None
 
 
 def walk(

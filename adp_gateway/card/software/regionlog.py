@@ -39,6 +39,7 @@ from adp_gateway.format import RecordHeader
 from adp_wire.ring.layout import PAGE_BYTES
 
 __all__ = ["Location", "OnReclaim", "Pools", "Progress", "RegionLog", "RegionRecords"]
+PREPARER_STOP_WAIT_S = 5.0  # it writes 8 MiB at a time, only while the disk is idle
 
 
 class RegionLog:
@@ -147,8 +148,11 @@ class RegionLog:
         """Seal the open regions with their footers (a restart treats every region as sealed,
         and reads a footer rather than walking), make everything durable, close the devices.
         Raises StorageError if the final sync fails."""
-        if self._preparer is not None:
-            self._preparer.stop()
+        if self._preparer is not None and not self._preparer.stop(PREPARER_STOP_WAIT_S):
+            raise StorageError(
+                f"the preparer's write has not returned in {PREPARER_STOP_WAIT_S:g} s: the "
+                "databases are left open under it (the next start recovers them)"
+            )
         for db in self._state.databases:
             self._sealer.seal_open(db)
         try:

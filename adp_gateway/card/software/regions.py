@@ -8,8 +8,6 @@ written).
 from __future__ import annotations
 
 import itertools
-import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -19,18 +17,9 @@ from typing import NamedTuple
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import GroupSync
 from adp_gateway.card.software.devices.preparer import unwritten_ranges
-from adp_gateway.card.software.devices.reader import aligned
-from adp_gateway.errors import StartupError
-from adp_gateway.format import (
-    HEADER_BYTES,
-    RecordHeader,
-    Superblock,
-    pack_superblock,
-    unpack_superblock,
-)
+from adp_gateway.card.software.superblocks import open_superblock
+from adp_gateway.format import HEADER_BYTES, RecordHeader
 from adp_wire.ring.layout import PAGE_BYTES
-
-log = logging.getLogger(__name__)
 
 
 class Location(NamedTuple):
@@ -104,7 +93,8 @@ class Database:
         count = (device.size_bytes - PAGE_BYTES) // region_bytes
         self.regions = [Region(i) for i in range(count)]
         self.open: dict[str, Region] = {}  # pool -> its region taking appends
-        self.salt = self._load_or_format_superblock()
+        self.superblock = open_superblock(device, index, region_bytes)  # copied in each start
+        self.salt = self.superblock.salt
         self.group_sync = GroupSync(device)
         self.busy = 0  # appends and reads in progress; under the log's lock
         self.last_io = 0.0  # monotonic time the last of them ended
@@ -132,33 +122,6 @@ class Database:
     def location(self, region: Region, offset: int, header: RecordHeader) -> Location:
         start = self.region_offset(region.index) + offset
         return Location(self.index, region.index, region.epoch, start, header.record_bytes)
-
-    def _load_or_format_superblock(self) -> int:
-        page = aligned(PAGE_BYTES)
-        self.device.read([page], 0)
-        found = unpack_superblock(page)
-        if found is not None:
-            if found.region_bytes != self.region_bytes:
-                raise StartupError(
-                    f"database {self.index} was formatted with region_size {found.region_bytes}, "
-                    f"the config says {self.region_bytes}: restore region_size or use a new "
-                    "data dir"
-                )
-            return found.salt
-        if any(page):
-            log.warning(
-                "database %d has no valid superblock but is not empty: formatting it "
-                "(whatever it held is lost)",
-                self.index,
-            )
-        salt = secrets.randbits(64)
-        pack_superblock(Superblock(self.index, self.region_bytes, salt), page)
-        # A new superblock invalidates whatever an earlier format left in the regions.
-        self.device.write([page], 0)
-        for region in self.regions:
-            self.device.write([aligned(PAGE_BYTES)], self.region_offset(region.index))
-        self.device.sync()
-        return salt
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 from adp_gateway.card.base import Value
@@ -136,6 +136,8 @@ class ValueIO:
             results[databases[0]] = work(databases[0])
         except StorageError as exc:
             failure = exc
+        finally:  # whatever the caller's own raised: the op's extent is in use until they end
+            wait(futures.values())
         for database, future in futures.items():
             try:
                 results[database] = future.result()

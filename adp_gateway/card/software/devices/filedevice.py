@@ -7,6 +7,7 @@ O_DIRECT (tmpfs, some overlays) the file is opened buffered and that is logged.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -89,6 +90,24 @@ class FileDevice:
             return []
 
 
+def open_existing(path: str) -> FileDevice:
+    """The database at ``path`` as it is (its own size, nothing grown), locked: for the tools
+    that run while the gateway is stopped (check, format)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise StartupError(f"no database at {path}: {exc.strerror}") from exc
+    if stat.S_ISBLK(mode):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+        finally:
+            os.close(fd)
+    else:
+        size = os.path.getsize(path)
+    return FileDevice(path, size, grow=False)
+
+
 def _finish(fd: int, buffers: list[memoryview], offset: int, done: int, call: object) -> None:
     position = offset
     for buf in buffers:
@@ -119,12 +138,22 @@ def _open(path: str) -> tuple[int, bool]:
 
 
 def _preallocate(path: str, size_bytes: int) -> None:
-    """Create or grow the database file to ``size_bytes``, reserving the blocks now."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Create or grow the database file to ``size_bytes``, reserving the blocks now. When that
+    fails, the file is removed (if this call made it) or shrunk back to its old size: a
+    half-reserved file would keep the space and fail the next start too."""
+    created = not os.path.exists(path)
+    # O_EXCL: a file that appeared meanwhile is someone else's, never removed below.
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if created else 0), 0o600)
+    old_bytes = os.fstat(fd).st_size
     try:
-        if os.fstat(fd).st_size < size_bytes:
+        if old_bytes < size_bytes:
             os.posix_fallocate(fd, 0, size_bytes)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            if created:
+                os.unlink(path)
+            else:
+                os.ftruncate(fd, old_bytes)  # gives back the blocks reserved past it
         raise StartupError(
             f"cannot reserve {format_size(size_bytes)} in {path}: "
             f"{exc.strerror}; lower `capacity` or free space"

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from adp_gateway.card.software.devices.base import Device
 from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
+SYNC_WAIT_S = 10.0  # for a sync another thread runs; the op's client has given up by then
 
 
 class GroupSync:
@@ -40,12 +42,16 @@ class GroupSync:
             return self._synced_writes >= ticket
 
     def sync(self) -> None:
-        """Return once every write completed before this call is durable."""
+        """Return once every write completed before this call is durable. Raises TimeoutError
+        (an OSError) when another caller's sync, which this one waits for, has not returned
+        within SYNC_WAIT_S: a disk that does not answer fails the ops that need it."""
+        deadline = time.monotonic() + SYNC_WAIT_S
         with self._cond:
             target = self._completed_writes
             while self._synced_writes < target:
                 if self._syncing:
-                    self._cond.wait()
+                    if not self._cond.wait(deadline - time.monotonic()):
+                        raise TimeoutError(f"a sync has not returned in {SYNC_WAIT_S:g} s")
                     continue
                 self._syncing = True
                 covering = self._completed_writes
@@ -75,9 +81,13 @@ class PeriodicSync:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the clock; False when its thread is still in a sync after ``timeout_s`` (a
+        disk that does not answer: the caller goes on without it)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

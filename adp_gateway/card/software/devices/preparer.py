@@ -71,10 +71,13 @@ class Preparer:
         if self._work.unprepared_regions():
             self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop preparing; False when its thread is still inside a write after ``timeout_s``
+        (the caller must then not close the device under it)."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         zeros = memoryview(mmap.mmap(-1, CHUNK_BYTES))  # page aligned and zeroed, for O_DIRECT
