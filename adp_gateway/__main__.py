@@ -20,15 +20,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from adp_gateway import config as config_module
 from adp_gateway.errors import GatewayError
-
-if TYPE_CHECKING:
-    from adp_gateway.card.software.devices.base import Device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,30 +104,32 @@ def _socket(args: argparse.Namespace) -> str | None:
 
 
 def _format(args: argparse.Namespace) -> int:
-    from adp_gateway.formatting import format_databases
+    from adp_gateway.card.loader import card_class
 
     config = config_module.load(args.config, {"data_dirs": args.data_dir})
-    done = format_databases(config, args.force)
-    for line in done.lines:
+    report = card_class(config.card).format(config, args.force)
+    for line in report.lines:
         print(line)
-    return 1 if done.refused else 0
+    return 1 if report.failed else 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    from adp_gateway.check import ProgressLine, check
+    from adp_gateway.card.loader import card_class
+    from adp_gateway.objects.census import ObjectCensus
 
     config = config_module.load(args.config, {"data_dirs": args.data_dir})
-    report = check(config.database_paths, args.fix, ProgressLine(), config.region_size)
-    for line in report.damage:
+    census = ObjectCensus()
+    report = card_class(config.card).check(config, args.fix, census)
+    for line in report.lines:
         print(line)
-    print(report.summary())
-    return 1 if report.damage and not args.fix else 0
+    print(f"{report.summary}; {census.summary()}")
+    return 1 if report.failed else 0
 
 
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from adp_gateway.status import ask, render
+    from adp_gateway.observe.status import ask, render
 
     config = config_module.load(args.config, {"socket": _socket(args)})
     status = ask(config.socket_path)
@@ -141,19 +138,16 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from adp_gateway.verify import verify
+    from adp_gateway.observe.verify import verify
 
     report = verify(args.lmcache, args.http, args.tokens, args.timeout)
     print(report.summary())
     return 0 if report.byte_exact else 1
 
 
-def serve_until_stopped(
-    args: argparse.Namespace, wrap_device: Callable[[Device], Device] | None = None
-) -> int:
-    """``adp-gateway serve``: run until SIGTERM or SIGINT. ``wrap_device`` wraps each
-    database's device (tests/support/faulty_gateway.py injects faults with it)."""
-    from adp_gateway import priority
+def serve_until_stopped(args: argparse.Namespace) -> int:
+    """``adp-gateway serve``: run until SIGTERM or SIGINT."""
+    from adp_gateway.host import priority
     from adp_gateway.service import Gateway  # imported late: `--help` stays fast
 
     overrides = {
@@ -176,7 +170,7 @@ def serve_until_stopped(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     boost = priority.lower(config.cpu_nice)  # before any other thread starts: they inherit it
-    gateway = Gateway(config, wrap_device, boost)
+    gateway = Gateway(config, boost)
     gateway.start()
     try:
         while not stop.wait(1.0):

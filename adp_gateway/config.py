@@ -15,7 +15,7 @@ import yaml
 from pydantic import Field
 
 from adp_gateway.errors import ConfigError, StartupError
-from adp_gateway.tenants import TenantConfig, check_tenants
+from adp_gateway.front.tenants import TenantConfig, check_tenants
 from adp_wire.protocol import default_socket_path
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.settings import ByteSize, OneOrMany, Settings, build
@@ -54,16 +54,50 @@ class GatewayConfig(Settings):
     session_window_size: ByteSize = Field(default=512 * 2**20, ge=PAGE_BYTES)
     # null: no bound of the gateway's own; each session's slots bound its queued stores
     store_backlog_max: ByteSize | None = None
-    # null: what the databases drain in 25 ms at the rate stores write (adp_gateway/write_depth.py)
+    # null: what the databases drain in 25 ms at the rate stores write
+    # (adp_gateway/scheduling/write_depth.py)
     store_inflight_max: ByteSize | None = None
     # the gateway's nice value, so that the model server's threads run first on a busy host
-    # (adp_gateway/priority.py); 0 keeps the priority it was started with
+    # (adp_gateway/host/priority.py); 0 keeps the priority it was started with
     cpu_nice: int = Field(default=19, ge=0, le=19)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @property
     def socket_path(self) -> str:
         return self.socket or default_socket_path()
+
+    def region_quotas(self) -> dict[str, int]:
+        """Tenant -> regions it may own per database, for the tenants with a quota; refuses quotas
+        that round to fewer than two regions or that leave tenants without one too little."""
+        assert self.capacity is not None
+        databases = len(self.database_paths)
+        regions = (self.capacity // databases - PAGE_BYTES) // self.region_size
+        smallest = format_size(2 * databases * self.region_size)
+        limits = {}
+        for tenant in self.tenants:
+            if tenant.quota is None:
+                continue
+            limits[tenant.name] = tenant.quota // (databases * self.region_size)
+            if limits[tenant.name] < 2:
+                raise ConfigError(
+                    f"tenants: {tenant.name!r}: a quota of {format_size(tenant.quota)} is less "
+                    f"than two regions on each of the {databases} databases: raise it to at least "
+                    f"{smallest} or lower `region_size`"
+                )
+        shared = 2 if any(t.quota is None for t in self.tenants) else 0
+        if sum(limits.values()) + shared > regions:
+            raise ConfigError(
+                f"tenants: the quotas add up to more than the capacity "
+                f"({format_size(self.capacity)}) can give"
+                + (f", leaving tenants without a quota less than {smallest}" if shared else "")
+                + ": lower the quotas or raise `capacity`"
+            )
+        return limits
+
+    @property
+    def quotas(self) -> dict[str, int]:
+        """Tenant -> its quota in bytes, for the tenants with one."""
+        return {t.name: t.quota for t in self.tenants if t.quota is not None}
 
     @property
     def database_paths(self) -> list[str]:
@@ -154,37 +188,8 @@ def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
             "`region_size`"
         )
     resolved = config.model_copy(update={"capacity": capacity})
-    region_quotas(resolved)
+    resolved.region_quotas()  # refuses quotas the capacity cannot give
     return resolved
-
-
-def region_quotas(config: GatewayConfig) -> dict[str, int]:
-    """Tenant -> regions it may own per database, for the tenants with a quota; refuses quotas
-    that round to fewer than two regions or that leave tenants without one too little."""
-    assert config.capacity is not None
-    databases = len(config.database_paths)
-    regions = (config.capacity // databases - PAGE_BYTES) // config.region_size
-    smallest = format_size(2 * databases * config.region_size)
-    limits = {}
-    for tenant in config.tenants:
-        if tenant.quota is None:
-            continue
-        limits[tenant.name] = tenant.quota // (databases * config.region_size)
-        if limits[tenant.name] < 2:
-            raise ConfigError(
-                f"tenants: {tenant.name!r}: a quota of {format_size(tenant.quota)} is less than "
-                f"two regions on each of the {databases} databases: raise it to at least "
-                f"{smallest} or lower `region_size`"
-            )
-    shared = 2 if any(t.quota is None for t in config.tenants) else 0
-    if sum(limits.values()) + shared > regions:
-        raise ConfigError(
-            f"tenants: the quotas add up to more than the capacity "
-            f"({format_size(config.capacity)}) can give"
-            + (f", leaving tenants without a quota less than {smallest}" if shared else "")
-            + ": lower the quotas or raise `capacity`"
-        )
-    return limits
 
 
 def make_dir(directory: str, mode: int, what: str, flag: str) -> None:

@@ -16,29 +16,27 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from adp_gateway import config as config_module
-from adp_gateway import hugepages, unix_socket
 from adp_gateway.card.base import CardContext
-from adp_gateway.card.software.devices.base import Device
-from adp_gateway.card.software.devices.groupsync import PeriodicSync
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import HandshakeRefused
-from adp_gateway.footprint import Footprint
-from adp_gateway.health import DeviceHealth
-from adp_gateway.l1 import L1Segment
-from adp_gateway.metrics import LiveState, Metrics, MetricsServer, Rates
+from adp_gateway.front import unix_socket
+from adp_gateway.front.reception import Reception
+from adp_gateway.front.tenants import Tenants
+from adp_gateway.host import hugepages
+from adp_gateway.host.footprint import Footprint
+from adp_gateway.host.priority import STORE_PATIENCE_S, Boost
 from adp_gateway.objects.store import ObjectStore, open_store
-from adp_gateway.presence import Presence
-from adp_gateway.presence import slots_for as presence_slots_for
-from adp_gateway.priority import STORE_PATIENCE_S, Boost
-from adp_gateway.reception import Reception
-from adp_gateway.remote import ClientProcess
-from adp_gateway.scheduler import Scheduler, Task
-from adp_gateway.session import Session
-from adp_gateway.tenants import Tenants
+from adp_gateway.observe.metrics import LiveState, Metrics, MetricsServer, Rates
+from adp_gateway.scheduling.periodic_sync import PeriodicSync
+from adp_gateway.scheduling.scheduler import Scheduler, Task
+from adp_gateway.sessions.client_l1 import L1Segment
+from adp_gateway.sessions.client_process import ClientProcess
+from adp_gateway.sessions.presence import Presence
+from adp_gateway.sessions.presence import slots_for as presence_slots_for
+from adp_gateway.sessions.session import Session
 from adp_wire.protocol import Hello, Status
 from adp_wire.ring.layout import RingLayout
 from adp_wire.ring.queue import check_host
@@ -60,17 +58,15 @@ class Gateway:
     def __init__(
         self,
         config: GatewayConfig,
-        wrap_device: Callable[[Device], Device] | None = None,
         boost: Boost | None = None,
     ) -> None:
-        """``wrap_device`` wraps each database's device (tests inject faults with it);
-        ``boost`` gives the gateway its priority back while loads run or stores wait
-        (adp_gateway/priority.py)."""
+        """``boost`` gives the gateway its priority back while loads run or stores wait
+        (adp_gateway/host/priority.py)."""
         check_host()
         footprint = Footprint(config)  # before anything is made: a refused start takes it back
         self._metrics_server: MetricsServer | None = None
         try:
-            self._start_up(config, wrap_device, boost)
+            self._start_up(config, boost)
         except BaseException:
             self._abandon_start()
             footprint.undo()
@@ -80,7 +76,6 @@ class Gateway:
     def _start_up(
         self,
         config: GatewayConfig,
-        wrap_device: Callable[[Device], Device] | None,
         boost: Boost | None,
     ) -> None:
         # Before the databases are touched: a second gateway on a live socket is refused
@@ -104,8 +99,6 @@ class Gateway:
             )
             self._metrics_server.start()
         self.config = config_module.resolve_capacity(config)
-        self._wrap_device = wrap_device or (lambda device: device)
-        self.devices: list[DeviceHealth] = []
         self._listener: socket.socket | None = None
         self._socket_file: os.stat_result | None = None  # what to remove at stop
         self._threads: list[threading.Thread] = []
@@ -136,12 +129,7 @@ class Gateway:
     def _open_store(self) -> ObjectStore:
         """Open the card the config names (adp_gateway/card/loader.py) and rebuild its index."""
 
-        def wrap_device(database: int, path: str, device: Device) -> Device:
-            health = DeviceHealth(self._wrap_device(device), database, path)
-            self.devices.append(health)
-            return health
-
-        context = CardContext(self.scheduler.writes_landed, wrap_device, self.presence)
+        context = CardContext(self.scheduler.writes_landed, self.presence)
         store = open_store(self.config, context)
         paths = self.config.database_paths
         started = time.monotonic()
@@ -184,7 +172,7 @@ class Gateway:
             "store_backlog_bytes": queued.store_backlog_bytes,
             "write_depth_bytes": queued.write_depth_bytes,
             "evicted_regions": store.reclaims,
-            "databases": [device.state() for device in self.devices],
+            "databases": self.store.card.database_states(),
             "rates_last_minute": self._rates.per_second(),
         }
 
@@ -317,7 +305,7 @@ class Gateway:
                 next_sample = time.monotonic() + RATE_SAMPLE_INTERVAL_S
 
     def _must_not_wait(self) -> bool:
-        """Whether the gateway's work needs its priority back (adp_gateway/priority.py)."""
+        """Whether the gateway's work needs its priority back (adp_gateway/host/priority.py)."""
         scheduler = self.scheduler
         return scheduler.loads_pending() or scheduler.store_waited_s() > STORE_PATIENCE_S
 

@@ -1,7 +1,7 @@
 """The one checksum of the project: xxh3_64 (about 20 GB/s, and it releases the GIL).
 
-It guards record headers and payloads on disk (adp_gateway/format.py). ``Checksum`` takes the
-same value of data that comes in pieces (a zero-copy store's L1, read a chunk at a time).
+It guards record headers and payloads on disk (adp_gateway/card/software/format.py). ``Checksum``
+takes the same value of data that comes in pieces (a zero-copy store's L1, read a chunk at a time).
 """
 
 from __future__ import annotations
@@ -24,3 +24,9 @@ class Checksum:
 
     def value(self) -> int:
         return int(self._state.intdigest())
+
+
+def key_hash(namespace: str, key: str) -> int:
+    """The hash of a key within its namespace: where an object's first fragment goes
+    (adp_wire/fragmenter.py) and the key's fingerprint in a record's header on disk."""
+    return int(xxhash.xxh3_64_intdigest(f"{namespace}\0{key}".encode()))

@@ -21,7 +21,7 @@ import time
 
 from adp_gateway import service
 from adp_gateway.__main__ import parser, serve_until_stopped
-from adp_gateway.scheduler import SchedulerStatistics
+from adp_gateway.scheduling.scheduler import SchedulerStatistics
 
 SAMPLE_INTERVAL_S = 0.05
 SAMPLE = re.compile(

@@ -41,7 +41,7 @@ import numpy as np
 from adp_gateway import config as gateway_config
 from adp_gateway.objects.store import ObjectStore
 from adp_gateway.service import Gateway as GatewayProcess
-from adp_gateway.session import Session
+from adp_gateway.sessions.session import Session
 from adp_wire.protocol import Op, Status
 from adp_wire.protocol import encode_keys as encode_request_keys
 from adp_wire.ring.layout import Completion, RingLayout, Submission, align_up, map_shared
@@ -169,9 +169,9 @@ def plugin_runs(keys: list[str]) -> Iterator[list[str]]:
 def _time_session_path(
     process: GatewayProcess, arena_bytes: int, picks: list[list[str]]
 ) -> dict[str, Any]:
-    """Time the gateway's own Session (adp_gateway/session.py) answering each EXISTS batch: from
-    the doorbell to the batch's last completion in the completion queue, with ``Session.run`` on
-    its own thread as in the gateway. The client's side (requests into the arenas before the
+    """Time the gateway's own Session (adp_gateway/sessions/session.py) answering each EXISTS batch:
+    from the doorbell to the batch's last completion in the completion queue, with ``Session.run``
+    on its own thread as in the gateway. The client's side (requests into the arenas before the
     doorbell, answers read after) is this process, as the plugin would do it, and is not timed."""
     requests_max = max(len(list(plugin_runs(keys))) for keys in picks)
     layout = RingLayout(max(8, requests_max), arena_bytes, mmap.PAGESIZE)

@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from adp_gateway.card.software.format import HEADER_BYTES
 from adp_gateway.config import GatewayConfig
-from adp_gateway.format import HEADER_BYTES
-from adp_gateway.write_depth import FLOOR_BYTES
+from adp_gateway.scheduling.write_depth import FLOOR_BYTES
 from adp_wire import fragmenter
 from adp_wire.ring.layout import align_up
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from adp_gateway.card.software.format import HEADER_BYTES
 from adp_gateway.config import GatewayConfig
-from adp_gateway.format import HEADER_BYTES
 from adp_wire.ring.layout import align_up
 from tests.support import Gateway, wait_until
 

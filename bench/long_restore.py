@@ -55,7 +55,7 @@ from typing import Any
 
 import yaml
 
-from adp_gateway import hugepages
+from adp_gateway.host import hugepages
 from bench import floor as disk_floor
 from bench import gateways, odirect
 from bench.harness import cpu_seconds_of, drop_file_cache

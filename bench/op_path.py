@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from adp_gateway import hugepages
+from adp_gateway.host import hugepages
 from adp_wire import trace
 from adp_wire.trace import Stage, Stamp
 from bench import floor as disk_floor

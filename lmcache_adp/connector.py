@@ -39,7 +39,7 @@ from adp_wire.protocol import Hello, Op
 from adp_wire.threads import NamedThread
 from adp_wire.tokens import read_token
 from adp_wire.trace import Stage, mark
-from lmcache_adp import config, l1, remote, trust
+from lmcache_adp import config, l1_segment, remote_copy, trust
 from lmcache_adp.batch import Batch
 from lmcache_adp.ioloop import IOLoop
 from lmcache_adp.link import GatewayLink
@@ -68,7 +68,7 @@ class ADPConnector:
         self._state = ""  # the link's last reported state, logged once per change
         self._shared = Shared(self._params)
         self._future_ids = itertools.count(1)
-        self._probe = remote.Probe() if self._params.remote_copy else None
+        self._probe = remote_copy.Probe() if self._params.remote_copy else None
         self._first_attempt = threading.Event()
         self._shared.want_link.set()
         self._io = IOLoop(self._shared)
@@ -194,7 +194,7 @@ class ADPConnector:
 
     def _try_connect(self) -> bool:
         """One handshake; on success the I/O thread picks the link up at its next step."""
-        segment = l1.find() if self._params.zero_copy else None
+        segment = l1_segment.find() if self._params.zero_copy else None
         path = config.socket_path(self._params)
         trusted = trust.trusted_uids(self._params.gateway_uids)
         try:

@@ -45,9 +45,9 @@ from adp_wire.ring.layout import (
     map_shared,
 )
 from adp_wire.ring.queue import check_host, completion_consumer, submission_producer
-from lmcache_adp import remote, trust
+from lmcache_adp import remote_copy, trust
 from lmcache_adp.batch import Batch
-from lmcache_adp.l1 import L1Map, address_of
+from lmcache_adp.l1_segment import L1Map, address_of
 from lmcache_adp.lookups import LocalLookups
 from lmcache_adp.window import WindowAllocator
 
@@ -119,12 +119,12 @@ class GatewayLink:
         timeout_s: float,
         trusted: frozenset[int],
         l1: L1Map | None = None,
-        probe: remote.Probe | None = None,
+        probe: remote_copy.Probe | None = None,
     ) -> GatewayLink:
         """Handshake with the gateway at ``path``, once it proves to be a trusted user's
         (lmcache_adp/trust.py; nothing is sent before); with ``l1``, offer it a read-only fd of
         our L1 segment for zero-copy stores, or else with ``probe`` let it copy stores out of
-        our memory (lmcache_adp/remote.py). Raises UntrustedGateway, HandshakeRefused,
+        our memory (lmcache_adp/remote_copy.py). Raises UntrustedGateway, HandshakeRefused,
         ProtocolError or OSError."""
         check_host()
         trust.check_socket_directory(path, trusted)
@@ -136,7 +136,7 @@ class GatewayLink:
             gateway_pid = trust.check_peer(sock, path, trusted)
             if l1 is None:
                 if probe is not None:
-                    remote.let_read_by(gateway_pid)
+                    remote_copy.let_read_by(gateway_pid)
                     hello = replace(hello, remote_probe=probe.address, remote_token=probe.token)
                 send_frame(sock, hello_body(hello), deadline=deadline)
             else:

@@ -32,7 +32,16 @@ call               promise
                    namespace) and returns how many values it found.
 ``sync_all``       every write so far is durable (a no-op on a volatile card).
 ``close``          durable and closed; the card is not used again.
+``database_states``  how each database is doing, for ``adp-gateway status`` and the metrics.
+``check``          (a class method, with no card open) what the card keeps on its devices is
+                   walked and verified, damage reported by value and by place; ``fix`` repairs
+                   what can be repaired. ``adp-gateway check`` runs it.
+``format``         (a class method) empties the card's databases for a new start, refusing any
+                   that holds values unless ``force``. ``adp-gateway format`` runs it.
 =================  ===============================================================================
+
+What a card reads of the gateway's settings is ``CardConfig``: its own settings as the gateway
+validated them (adp_gateway/config.py satisfies it; a card may ask for more of its own).
 
 Capacity: ``used_bytes <= capacity_bytes`` always; a full card evicts (in its own order) to make
 room, so a ``put`` never fails for want of space. A namespace with a quota (the config's tenants'
@@ -51,21 +60,20 @@ import abc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from adp_gateway.card.holdings import Holdings
-
-if TYPE_CHECKING:
-    from adp_gateway.card.software.devices.base import Device
-    from adp_gateway.config import GatewayConfig
 
 __all__ = [
     "BuiltinCard",
     "Card",
+    "CardConfig",
     "CardContext",
+    "CardReport",
     "CardStatistics",
     "Holdings",
     "Value",
+    "ValueObserver",
     "Wanted",
 ]
 
@@ -108,20 +116,66 @@ class CardStatistics:
     tombstones: int
 
 
+@runtime_checkable
+class CardConfig(Protocol):
+    """The settings every card is opened with."""
+
+    @property
+    def card(self) -> str:
+        """The card the config names (card/loader.py)."""
+
+    @property
+    def capacity(self) -> int | None:
+        """Bytes of the device the card may use in all (resolved before ``open``)."""
+
+    @property
+    def fragment_size(self) -> int:
+        """The value size: the largest value the object store puts."""
+
+    @property
+    def sync(self) -> str:
+        """When a put is durable: ``always``, ``periodic`` or ``none`` (configs/gateway.yaml)."""
+
+    @property
+    def database_paths(self) -> list[str]:
+        """One per database the card keeps (files or block devices)."""
+
+    @property
+    def quotas(self) -> dict[str, int]:
+        """Namespace -> the most bytes its values may hold, for namespaces with a quota."""
+
+
 @dataclass(frozen=True)
 class CardContext:
     """What the object store hands a card it opens.
 
     ``on_written``: a put calls it from its thread once its writes have landed, before it waits
-    for a sync (the scheduler then lets the next store's writes go). ``wrap_device(database,
-    path, device)``: a card with devices passes each through it, and uses what it returns (the
-    gateway counts each device's errors for its status, and tests inject faults); cards
-    without devices never call it. ``holdings``: hears of the names the card holds
-    (card/holdings.py)."""
+    for a sync (the scheduler then lets the next store's writes go). ``holdings``: hears of the
+    names the card holds (card/holdings.py)."""
 
     on_written: Callable[[], None]
-    wrap_device: Callable[[int, str, Device], Device]
     holdings: Holdings
+
+
+@dataclass(frozen=True)
+class CardReport:
+    """What a maintenance call (``check``, ``format``) has to say: its lines, in order, the
+    summary line after them, and whether it failed (damage left in place, a database
+    refused)."""
+
+    lines: list[str]
+    summary: str
+    failed: bool
+
+
+class ValueObserver(Protocol):
+    """The layer above a card, told by ``check`` of each value it finds verified (``seen``)
+    and asked how to name a value to an operator (``named``: the object layer knows what a
+    value's name means)."""
+
+    def seen(self, namespace: str, name: str) -> None: ...
+
+    def named(self, namespace: str, name: str) -> str: ...
 
 
 class Card(abc.ABC):
@@ -131,9 +185,21 @@ class Card(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def open(cls, config: GatewayConfig, context: CardContext) -> Card:
-        """The card the config describes (its databases, capacity, value size, quotas);
-        not yet recovered. Raises StartupError or ConfigError with a hint."""
+    def open(cls, config: CardConfig, context: CardContext) -> Card:
+        """The card ``config`` describes (its databases, capacity, value size, quotas; a card
+        may read settings of its own from it, checking they are there); not yet recovered.
+        Raises StartupError or ConfigError with a hint."""
+
+    @classmethod
+    def check(cls, config: CardConfig, fix: bool, values: ValueObserver) -> CardReport:
+        """Walk and verify what the card keeps, while no gateway serves it; ``fix`` repairs
+        what can be repaired. A card that keeps nothing on a device has nothing to check."""
+        return CardReport([], f"card {config.card!r} keeps nothing on a device to check", False)
+
+    @classmethod
+    def format(cls, config: CardConfig, force: bool) -> CardReport:
+        """Empty the card's databases for a new start; one that holds values only if ``force``."""
+        return CardReport([], f"card {config.card!r} keeps nothing on a device to format", False)
 
     @property
     @abc.abstractmethod
@@ -180,3 +246,8 @@ class Card(abc.ABC):
     @abc.abstractmethod
     def statistics(self) -> CardStatistics:
         """A frozen snapshot, including ``capacity_bytes`` and ``used_bytes``."""
+
+    def database_states(self) -> list[dict[str, object]]:
+        """Per database: ``database``, ``path``, ``health`` (``ok`` or ``failing``), ``errors``,
+        ``errors_last_minute``, ``last_error``; a card without devices has none to show."""
+        return []

@@ -1,6 +1,7 @@
 """Who hears of the names a holder holds. A card tells the object store above it of its values
 (adp_gateway/objects/), and the object store tells the gateway's presence tables of its objects
-(adp_gateway/presence.py), so that each answers lookups as the ``exists`` below it would."""
+(adp_gateway/sessions/presence.py), so that each answers lookups as the ``exists`` below it
+would."""
 
 from __future__ import annotations
 

@@ -18,9 +18,16 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Value, Wanted
+from adp_gateway.card.base import (
+    Card,
+    CardConfig,
+    CardContext,
+    CardStatistics,
+    Holdings,
+    Value,
+    Wanted,
+)
 from adp_gateway.card.holdings import NO_HOLDINGS
-from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import StorageError
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import align_up
@@ -60,9 +67,9 @@ class MemoryCard(Card):
         self._verify_failures = self._reclaims = 0
 
     @classmethod
-    def open(cls, config: GatewayConfig, context: CardContext) -> MemoryCard:
+    def open(cls, config: CardConfig, context: CardContext) -> MemoryCard:
         assert config.capacity is not None
-        quotas = {t.name: t.quota for t in config.tenants if t.quota is not None}
+        quotas = config.quotas
         return cls(
             len(config.database_paths),
             config.capacity,

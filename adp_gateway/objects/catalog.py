@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 Entry = Version | str  # a str: a recovered object's name suffix, read into a Version when used
 
 
-class Catalog:
+class ObjectCatalog:
     def __init__(self, holdings: Holdings) -> None:
         """``holdings``: who hears of the objects held (the gateway's presence tables)."""
         self._holdings = holdings

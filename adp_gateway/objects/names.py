@@ -32,7 +32,7 @@ class Version(NamedTuple):
         return offset, min(self.fragment_bytes, self.object_bytes - offset)
 
 
-class Fragment(NamedTuple):
+class FragmentId(NamedTuple):
     """What a fragment's name says."""
 
     key: str
@@ -51,7 +51,7 @@ ONLY_FRAGMENT = re.compile(r"(\d+)\.0\.1\.\d+\.\d+", re.ASCII)
 SUFFIX = re.compile(r"(\d+)\.(\d+)\.(\d+)\.(\d+)\.(\d+)", re.ASCII)
 
 
-def parse(name: str) -> Fragment | None:
+def parse(name: str) -> FragmentId | None:
     """What ``name`` says, or None when it is not a fragment's name (a value of another layout,
     or bytes no store wrote) or does not describe a place in a well-formed object."""
     key, separator, suffix = name.rpartition("#")
@@ -60,7 +60,7 @@ def parse(name: str) -> Fragment | None:
         return None
     number, place, fragments, fragment_bytes, object_bytes = map(int, found.groups())
     version = Version(number, object_bytes, fragment_bytes, fragments)
-    return Fragment(key, version, place) if well_formed(version, place) else None
+    return FragmentId(key, version, place) if well_formed(version, place) else None
 
 
 def whole(suffix: str) -> Version | None:

@@ -22,17 +22,17 @@ from adp_gateway.card.base import Card, CardContext, Value, Wanted
 from adp_gateway.card.loader import open_card
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import StoreGivenUp
-from adp_gateway.format import key_hash  # places an object's first fragment: part of the layout
-from adp_gateway.objects.catalog import Catalog
+from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.names import Version, fragment_name
 from adp_wire import fragmenter
+from adp_wire.checksum import key_hash  # places an object's first fragment
 from adp_wire.ring.layout import align_up
 
 Load = tuple[str, memoryview, int]  # key, the extent to read into, object bytes
 
 
 class FromL1(Protocol):
-    """A store the gateway reads out of the client's L1 itself (adp_gateway/extents.py): a
+    """A store the gateway reads out of the client's L1 itself (adp_gateway/sessions/extents.py): a
     zero-copy store's pages (``L1Object``), or a remote copy's buffer (``RemoteObject``)."""
 
     @property
@@ -65,7 +65,7 @@ class StoreStatistics:
 
 
 class ObjectStore:
-    def __init__(self, card: Card, catalog: Catalog) -> None:
+    def __init__(self, card: Card, catalog: ObjectCatalog) -> None:
         """``catalog`` must be the holdings ``card`` was opened with (``open_store`` does it)."""
         self.card = card
         self._catalog = catalog
@@ -267,6 +267,6 @@ class ObjectStore:
 def open_store(config: GatewayConfig, context: CardContext) -> ObjectStore:
     """A store over the card the config names (card/loader.py), not yet recovered;
     ``context.holdings`` hears of the objects it holds."""
-    catalog = Catalog(context.holdings)
+    catalog = ObjectCatalog(context.holdings)
     card = open_card(config, dataclasses.replace(context, holdings=catalog))
     return ObjectStore(card, catalog)

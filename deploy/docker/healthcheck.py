@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from adp_gateway.errors import GatewayError
-from adp_gateway.status import ask
+from adp_gateway.observe.status import ask
 
 HTTP_TIMEOUT_S = 5.0
 

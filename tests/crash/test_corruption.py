@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.check import check
+from adp_gateway.card.software.check import check
+from adp_gateway.objects.census import ObjectCensus
 from tests.support.corruption import KINDS, REGION, Image, Tally, trial, write_image
 
 SHORT_TRIALS = 60
@@ -31,7 +32,8 @@ def images(directory: Path, seed: int) -> list[Image]:
         write_image(directory / "killed", seed + 1, crash=True),
     ]
     for image in made:
-        report = check([str(p) for p in image.paths()], False, lambda *progress: None, REGION)
+        paths = [str(p) for p in image.paths()]
+        report = check(paths, False, lambda *progress: None, REGION, ObjectCensus())
         assert not report.damage, report.damage
         pristine = trial(image, directory / "trial", random.Random(0), None)
         assert pristine.wrong == 0 and not pristine.lost and not pristine.back, pristine

@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adp_gateway.format import key_hash
 from adp_wire import fragmenter
+from adp_wire.checksum import key_hash
 from adp_wire.ring.layout import align_up
 from lmcache_adp import ADPConnector
 from tests.support import (

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import ConfigError
-from adp_gateway.tenants import TenantConfig
+from adp_gateway.front.tenants import TenantConfig
 from adp_wire.settings import build
 from lmcache_adp.config import ADPParams, parse
 

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import pytest
 import yaml
 
-from adp_gateway.format import RECORD_MAGIC, Kind, unpack_header, unpack_superblock
+from adp_gateway.card.software.format import RECORD_MAGIC, Kind, unpack_header, unpack_superblock
 from adp_gateway.objects.names import parse
 from adp_wire.ring.layout import PAGE_BYTES
 from lmcache_adp import ADPConnector

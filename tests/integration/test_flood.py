@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adp_gateway.handshake_slots import PER_UID_MAX
+from adp_gateway.front.handshake_slots import PER_UID_MAX
 from adp_wire.protocol import Hello, hello_body, send_frame
 from lmcache_adp import ADPConnector
 from lmcache_adp.link import GatewayLink

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.presence import slots_for as presence_slots_for
+from adp_gateway.sessions.presence import slots_for as presence_slots_for
 from adp_wire.presence import PROBES_MAX
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, wait_for_future, wait_until

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.status import ask
+from adp_gateway.observe.status import ask
 from tests.support import Gateway, LMCacheServer, run_mp_client, store_then_load_from_l2, wait_until
 
 pytestmark = pytest.mark.integration

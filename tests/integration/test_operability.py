@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.metrics import Metrics, MetricsServer
+from adp_gateway.observe.metrics import Metrics, MetricsServer
 from tests.support import (
     BIN,
     Gateway,

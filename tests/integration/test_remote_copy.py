@@ -1,13 +1,12 @@
-"""Goal: when LMCache's L1 is private memory, the gateway copies each store out of it itself
-(remote copy, adp_gateway/remote.py), so no store is copied inside LMCache's process, and both
-of LMCache's promises hold: no op outlives its deadline, and a store LMCache gave up and reused
-is never written. The gateway only reads the client; loads land in the window and are copied
-into L1 by the plugin.
+"""Goal: when LMCache's L1 is private memory, the gateway copies each store out of it itself (remote
+copy, adp_gateway/sessions/client_process.py), so no store is copied inside LMCache's process, and
+both of LMCache's promises hold: no op outlives its deadline, and a store LMCache gave up and reused
+is never written. The gateway only reads the client; loads land in the window and are copied into L1
+by the plugin.
 
-The plugin runs in this process, with its buffers in this process's private memory as LMCache's
-L1 is; the gateway is a real process (with a slow copy on command where the test needs one). The
-last test runs a real `lmcache server` as LMCache's docs launch it (no --shm-name).
-"""
+The plugin runs in this process, with its buffers in this process's private memory as LMCache's L1
+is; the gateway is a real process (with a slow copy on command where the test needs one). The last
+test runs a real `lmcache server` as LMCache's docs launch it (no --shm-name)."""
 
 from __future__ import annotations
 

@@ -22,9 +22,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adp_gateway.card.software.check import check
+from adp_gateway.card.software.format import Kind, unpack_header, unpack_superblock
 from adp_gateway.card.software.sealing import TRAILER_BYTES, unpack_trailer
-from adp_gateway.check import check
-from adp_gateway.format import Kind, unpack_header, unpack_superblock
+from adp_gateway.objects.census import ObjectCensus
 from adp_gateway.objects.names import parse
 from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import PAGE_BYTES, align_up
@@ -198,7 +199,7 @@ def trial(image: Image, scratch: Path, rng: random.Random, kind: str | None) -> 
             f.seek(offset)
             f.write(bytes([byte ^ rng.randrange(1, 256)]))
     paths = [str(p) for p in image.paths(scratch)]
-    report = check(paths, False, lambda *progress: None, REGION)
+    report = check(paths, False, lambda *progress: None, REGION, ObjectCensus())
     # Opened with room to spare: the tombstone a failed verification writes must not evict
     # another object (a full cache's eviction is no damage's cost).
     store = open_store(make_devices("file", scratch, DATABASES, DATABASE_BYTES + SPARE_BYTES))

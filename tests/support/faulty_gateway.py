@@ -33,10 +33,11 @@ import time
 from typing import Any
 
 from adp_gateway.__main__ import parser, serve_until_stopped
+from adp_gateway.card.software import card as software_card
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.faulty import FaultyDevice
-from adp_gateway.l1 import L1Segment
-from adp_gateway.remote import ClientProcess
+from adp_gateway.sessions.client_l1 import L1Segment
+from adp_gateway.sessions.client_process import ClientProcess
 from tests.support import Gateway, wait_until
 
 log = logging.getLogger("faulty_gateway")
@@ -126,9 +127,10 @@ def main() -> int:
         devices.append(LoggedFaultyDevice(device, len(devices)))
         return devices[-1]
 
+    software_card.wrap_device = wrap  # every device the software card opens
     CHECKSUMS.install()
     threading.Thread(target=read_commands, args=(devices,), daemon=True).start()
-    return serve_until_stopped(args, wrap)
+    return serve_until_stopped(args)
 
 
 class FaultyGateway(Gateway):

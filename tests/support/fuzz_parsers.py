@@ -47,26 +47,15 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from adp_gateway import format as record_format
 from adp_gateway.card.base import Wanted
 from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.card.software import card as software_card
+from adp_gateway.card.software import format as record_format
 from adp_gateway.card.software import recovery as regionscan
 from adp_gateway.card.software import sealing as footer_module
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.memory import MemoryDevice
-from adp_gateway.card.software.index import Manifest
-from adp_gateway.card.software.regionlog import RegionLog
-from adp_gateway.card.software.sealing import (
-    ROW_FIELDS,
-    TRAILER_BYTES,
-    TRAILER_MAGIC,
-    Trailer,
-    pack_footer,
-    pack_trailer,
-)
-from adp_gateway.errors import HandshakeRefused, ProtocolError
-from adp_gateway.format import (
+from adp_gateway.card.software.format import (
     FORMAT_VERSION,
     HEADER_BYTES,
     NAME_BYTES_MAX,
@@ -81,11 +70,22 @@ from adp_gateway.format import (
     pack_superblock,
     unpack_header,
 )
-from adp_gateway.metrics import Metrics
-from adp_gateway.objects.catalog import Catalog
+from adp_gateway.card.software.index import Manifest
+from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import (
+    ROW_FIELDS,
+    TRAILER_BYTES,
+    TRAILER_MAGIC,
+    Trailer,
+    pack_footer,
+    pack_trailer,
+)
+from adp_gateway.errors import HandshakeRefused, ProtocolError
+from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.store import ObjectStore
-from adp_gateway.scheduler import Scheduler
-from adp_gateway.session import Session
+from adp_gateway.observe.metrics import Metrics
+from adp_gateway.scheduling.scheduler import Scheduler
+from adp_gateway.sessions.session import Session
 from adp_wire import fragmenter, protocol
 from adp_wire.protocol import (
     FRAME_BYTES_MAX,
@@ -119,7 +119,7 @@ U8, U16, U32, U64 = 2**8 - 1, 2**16 - 1, 2**32 - 1, 2**64 - 1
 SOCKET_TIMEOUT_S = 2.0  # the peer has closed its end: a read that waits this long is a hang
 T = TypeVar("T")
 
-# The fixed fields of the on-disk structures, as adp_gateway/format.py and
+# The fixed fields of the on-disk structures, as adp_gateway/card/software/format.py and
 # card/software/sealing.py pack them.
 HEADER_FIELDS = record_format._FIXED
 SUPERBLOCK_FIELDS = record_format._SUPERBLOCK
@@ -651,7 +651,7 @@ def small_store(device: MemoryDevice, fragment_bytes: int = STORE_FRAGMENT_BYTES
     region_log = RegionLog(
         [device], STORE_REGION_BYTES, lambda *region: holder[0].on_reclaim(*region)
     )
-    catalog = Catalog(NO_HOLDINGS)
+    catalog = ObjectCatalog(NO_HOLDINGS)
     card = SoftwareCard(region_log, fragment_bytes, sync=True, holdings=catalog)
     holder.append(card)
     return ObjectStore(card, catalog)

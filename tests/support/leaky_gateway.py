@@ -12,9 +12,9 @@ import os
 import sys
 from typing import Any
 
-from adp_gateway import session
 from adp_gateway.__main__ import main
 from adp_gateway.card.software import card as software_card
+from adp_gateway.sessions import session
 
 LEAK_PER_STORE_BYTES = 64 * 2**10
 _kept: list[object] = []

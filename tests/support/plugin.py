@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from adp_gateway.format import key_hash
 from adp_wire import fragmenter
+from adp_wire.checksum import key_hash
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, session_resources, wait_for_future, wait_until
 

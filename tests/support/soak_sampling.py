@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_INTERVAL_S = 0.25
-# A tenant's presence table (adp_gateway/presence.py) holds two fds (its memfd, and the dup
+# A tenant's presence table (adp_gateway/sessions/presence.py) holds two fds (its memfd, and the dup
 # Python's mmap keeps) for as long as the tenant holds a key: the gateway's, not a session's.
 # They are counted apart from the other fds, and at most this many per tenant.
 FDS_PER_PRESENCE_TABLE = 2

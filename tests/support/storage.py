@@ -16,7 +16,7 @@ from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import Pools, RegionLog
 from adp_gateway.card.software.regions import Location
 from adp_gateway.config import GatewayConfig
-from adp_gateway.objects.catalog import Catalog
+from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import align_up
 
@@ -46,7 +46,7 @@ def open_card(
 
 def open_store(devices: list[Device], sync: bool = True, pools: Pools | None = None) -> ObjectStore:
     """An object store over a software card over ``devices``, recovered."""
-    catalog = Catalog(NO_HOLDINGS)
+    catalog = ObjectCatalog(NO_HOLDINGS)
     store = ObjectStore(open_card(devices, sync, pools, catalog), catalog)
     store.recover()
     return store

@@ -72,7 +72,7 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
         if opened:
             opened.pop().close()
         heard = Heard()
-        card = open_card(config, CardContext(lambda: None, lambda _d, _p, device: device, heard))
+        card = open_card(config, CardContext(lambda: None, heard))
         card.recover()
         opened.append(card)
         return card, heard
@@ -115,7 +115,7 @@ def test_every_builtin_card_states_whether_it_persists() -> None:
 def test_a_gateway_config_picks_the_card(tmp_path: Path) -> None:
     config = GatewayConfig(data_dirs=[str(tmp_path)], capacity=CAPACITY, region_size=REGION)
     assert config.card == "software"  # the default
-    context = CardContext(lambda: None, lambda _d, _p, device: device, Heard())
+    context = CardContext(lambda: None, Heard())
     card = open_card(config.model_copy(update={"card": "memory"}), context)
     assert isinstance(card, MemoryCard)
     card.close()

@@ -14,8 +14,8 @@ import pytest
 
 from adp_gateway.__main__ import main
 from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.format import unpack_superblock
 from adp_gateway.card.software.sealing import unpack_trailer
-from adp_gateway.format import unpack_superblock
 from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 from tests.support.storage import REGION, extent, locations, make_devices, open_store, payload
@@ -140,7 +140,7 @@ def structure(tmp_path: Path, sealed: dict[str, int], kind: str) -> tuple[int, s
     ("kind", "says"),
     [
         ("header", "t/k5 fragment 0 (version "),
-        ("payload", "t/k5 fragment 0: payload fails its checksum"),
+        ("payload", "): payload fails its checksum"),
         ("footer", "its footer is damaged"),
         ("footer padding", "its footer's padding is damaged"),
         ("trailer", "its trailer (its last page) is damaged"),

@@ -10,6 +10,7 @@ import pytest
 
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.devices.reader import RegionReader
+from adp_gateway.card.software.format import Kind, RecordHeader, unpack_superblock
 from adp_gateway.card.software.recovery import first_header
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.sealing import (
@@ -20,7 +21,6 @@ from adp_gateway.card.software.sealing import (
     row_of,
     unpack_footer,
 )
-from adp_gateway.format import Kind, RecordHeader, unpack_superblock
 from adp_wire.checksum import checksum
 from tests.support.storage import REGION, extent, payload
 

@@ -6,7 +6,7 @@ import mmap
 
 import pytest
 
-from adp_gateway.format import (
+from adp_gateway.card.software.format import (
     HEADER_BYTES,
     Kind,
     RecordHeader,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.__main__ import main
-from adp_gateway.format import FORMAT_VERSION
+from adp_gateway.card.software.format import FORMAT_VERSION
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES
 from tests.support import BIN, Gateway

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.config import GatewayConfig
-from adp_gateway.priority import STORE_PATIENCE_S
+from adp_gateway.host.priority import STORE_PATIENCE_S
 from adp_wire.protocol import Hello, Op, hello_body, parse_welcome, recv_frame, send_frame
 from adp_wire.ring.layout import SQ_TAIL, SUBMISSION, RingLayout, map_shared
 from lmcache_adp import ADPConnector

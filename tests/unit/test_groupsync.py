@@ -8,8 +8,9 @@ import time
 import pytest
 
 from adp_gateway.card.software.devices import groupsync
-from adp_gateway.card.software.devices.groupsync import GroupSync, PeriodicSync
+from adp_gateway.card.software.devices.groupsync import GroupSync
 from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.scheduling.periodic_sync import PeriodicSync
 from tests.support import wait_until
 
 

@@ -1,4 +1,4 @@
-"""The gateway's start-up line on huge pages for session windows (adp_gateway/hugepages.py)."""
+"""The gateway's start-up line on huge pages for session windows (adp_gateway/host/hugepages.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.hugepages import describe, shmem_setting
+from adp_gateway.host.hugepages import describe, shmem_setting
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,7 @@ def gateway_yaml(tmp_path: Path) -> Path:
 
 def test_the_gateway_config_passes_the_gateways_checks(tmp_path: Path) -> None:
     config = gateway_config.load(str(gateway_yaml(tmp_path)), {})
-    gateway_config.region_quotas(config)  # the quotas fit the capacity
+    config.region_quotas()  # the quotas fit the capacity
     assert config.socket == SOCKET
     assert config.data_dirs == ["/var/lib/lmcache-adp"]
 

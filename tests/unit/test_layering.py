@@ -27,65 +27,75 @@ WIRE_LAYERS = [
     {"adp_wire.__main__"},
 ]
 GATEWAY_LAYERS = [
-    {"adp_gateway.errors"},
+    # Leaves: errors, the record format, a device's interface, what a session counts.
     {
-        "adp_gateway.format",
-        "adp_gateway.l1",
-        "adp_gateway.remote",
-        "adp_gateway.write_depth",
-        "adp_gateway.hugepages",
-        "adp_gateway.priority",
-        "adp_gateway.summary",
-        "adp_gateway.objects.names",
-    },
-    {
-        "adp_gateway.metrics",
-        "adp_gateway.status",
-        "adp_gateway.verify",
-        "adp_gateway.tenants",
-        "adp_gateway.presence",
+        "adp_gateway.errors",
         "adp_gateway.card.holdings",
+        "adp_gateway.card.software.format",
         "adp_gateway.card.software.devices.base",
         "adp_gateway.card.software.devices.memory",
-        "adp_gateway.card.software.devices.filedevice",
+        "adp_gateway.host.hugepages",
+        "adp_gateway.host.priority",
+        "adp_gateway.objects.names",
+        "adp_gateway.sessions.presence",
+        "adp_gateway.sessions.summary",
+        "adp_gateway.scheduling.loads",
+        "adp_gateway.scheduling.periodic_sync",
+        "adp_gateway.scheduling.write_depth",
     },
+    # The card seam (card/base.py), the devices, observability, the client's memory.
     {
-        "adp_gateway.card.software.devices.groupsync",
-        "adp_gateway.card.software.devices.reader",
+        "adp_gateway.card.base",
         "adp_gateway.card.software.devices.faulty",
+        "adp_gateway.card.software.devices.filedevice",
+        "adp_gateway.card.software.devices.groupsync",
+        "adp_gateway.card.software.devices.health",
         "adp_gateway.card.software.devices.preparer",
-        "adp_gateway.health",
-        "adp_gateway.config",
-        "adp_gateway.handshake_slots",
-        "adp_gateway.refusals",
+        "adp_gateway.card.software.devices.reader",
+        "adp_gateway.front.tenants",
+        "adp_gateway.objects.catalog",
+        "adp_gateway.objects.census",
+        "adp_gateway.observe.metrics",
+        "adp_gateway.observe.status",
+        "adp_gateway.observe.verify",
+        "adp_gateway.sessions.client_l1",
+        "adp_gateway.sessions.client_process",
+        "adp_gateway.scheduling.scheduler",
     },
-    # The card seam: the key-value surface every card implements; the object store above
-    # (adp_gateway.objects) talks only to it, and the loader picks the card.
-    {"adp_gateway.card.base", "adp_gateway.footprint", "adp_gateway.card.software.superblocks"},
-    # The software card, one module per concern (docs/design.md, "The card seam").
-    {"adp_gateway.card.software.regions"},
     {
-        "adp_gateway.card.software.sealing",
+        "adp_gateway.config",
+        "adp_gateway.card.memory",
+        "adp_gateway.card.software.settings",
+        "adp_gateway.card.software.superblocks",
+        "adp_gateway.front.handshake_slots",
+        "adp_gateway.front.refusals",
+        "adp_gateway.sessions.extents",
+    },
+    {
+        "adp_gateway.card.software.formatting",
+        "adp_gateway.card.software.regions",
+        "adp_gateway.front.unix_socket",
+        "adp_gateway.host.footprint",
+    },
+    # The software card, one module per concern (docs/design.md, "The card seam").
+    {
         "adp_gateway.card.software.eviction",
         "adp_gateway.card.software.index",
+        "adp_gateway.card.software.preparation",
+        "adp_gateway.card.software.sealing",
         "adp_gateway.card.software.tombstones",
     },
-    {"adp_gateway.card.software.pools", "adp_gateway.card.software.preparation"},
+    {"adp_gateway.card.software.pools"},
     {"adp_gateway.card.software.records", "adp_gateway.card.software.recovery"},
-    {"adp_gateway.card.software.regionlog", "adp_gateway.check", "adp_gateway.formatting"},
-    {
-        "adp_gateway.card.software.values",
-        "adp_gateway.card.software.catalog",
-        "adp_gateway.scheduler",
-    },
-    {"adp_gateway.card.memory", "adp_gateway.card.software.card"},
-    {"adp_gateway.card.loader", "adp_gateway.objects.catalog"},
-    # Objects over the card: what the gateway's sessions store through.
+    {"adp_gateway.card.software.check", "adp_gateway.card.software.regionlog"},
+    {"adp_gateway.card.software.catalog", "adp_gateway.card.software.values"},
+    {"adp_gateway.card.software.card"},
+    {"adp_gateway.card.loader"},  # the one module above card/software that names it
+    # Objects over the card, the sessions' work, the sessions, the front door, the process.
     {"adp_gateway.objects.store"},
-    {"adp_gateway.loads", "adp_gateway.extents"},
-    {"adp_gateway.work"},
-    {"adp_gateway.session", "adp_gateway.unix_socket"},
-    {"adp_gateway.reception"},
+    {"adp_gateway.scheduling.tasks"},
+    {"adp_gateway.sessions.session"},
+    {"adp_gateway.front.reception"},
     {"adp_gateway.service"},
     {"adp_gateway.__main__"},
 ]
@@ -97,6 +107,11 @@ PACKAGES = {
     "adp_gateway.card.software",
     "adp_gateway.card.software.devices",
     "adp_gateway.objects",
+    "adp_gateway.front",
+    "adp_gateway.sessions",
+    "adp_gateway.scheduling",
+    "adp_gateway.observe",
+    "adp_gateway.host",
 }
 
 
@@ -169,6 +184,35 @@ def test_the_contract_layers_import_downward_only() -> None:
 
 def test_the_gateway_layers_import_downward_only() -> None:
     check_layers("adp_gateway", GATEWAY_LAYERS)
+
+
+def test_nothing_above_the_card_reaches_into_the_software_card() -> None:
+    """The card seam holds: the gateway above card/ talks to a card through card/base.py
+    only, and card/loader.py alone names the software card (a vendor's card is one more
+    implementation, not a change above the seam)."""
+    for name, path in modules("adp_gateway"):
+        if name.startswith("adp_gateway.card.software") or name == "adp_gateway.card.loader":
+            continue
+        inside = sorted(n for n in imports_of(path) if n.startswith("adp_gateway.card.software"))
+        assert not inside, f"{name} imports {inside}: reach the card through card/base.py"
+
+
+def test_the_seam_names_nothing_of_a_card_or_the_gateway_above_it() -> None:
+    """card/base.py types only what it owns: no card's devices, no gateway settings."""
+    used = known(imports_of(ROOT / "adp_gateway/card/base.py"), "adp_gateway")
+    assert used <= {"adp_gateway.card.holdings", "adp_gateway.errors"}, sorted(used)
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """One name, one thing (STYLE.md 8a): a class name says which thing it is, in every
+    package of the product."""
+    seen: dict[str, str] = {}
+    for package in PRODUCT:
+        for name, path in modules(package):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    other = seen.setdefault(node.name, name)
+                    assert other == name, f"class {node.name} is in {other} and in {name}"
 
 
 def test_test_modules_import_only_shared_helpers_of_tests() -> None:

@@ -5,7 +5,7 @@ of at least SPREAD_BYTES_MIN."""
 
 from __future__ import annotations
 
-from adp_gateway.loads import (
+from adp_gateway.scheduling.loads import (
     GROUP_BYTES_MAX,
     GROUP_LOADS_MAX,
     SPREAD_BYTES_MIN,

@@ -12,8 +12,8 @@ import pytest
 from adp_gateway.card.base import Value
 from adp_gateway.card.memory import MemoryCard
 from adp_gateway.card.software.devices.memory import MemoryDevice
-from adp_gateway.objects.catalog import Catalog
-from adp_gateway.objects.names import Fragment, Version, fragment_name, parse
+from adp_gateway.objects.catalog import ObjectCatalog
+from adp_gateway.objects.names import FragmentId, Version, fragment_name, parse
 from adp_gateway.objects.store import ObjectStore
 from tests.support.storage import REGION, extent, open_card, open_store, payload
 
@@ -38,7 +38,7 @@ class Heard:
 def test_a_fragment_name_says_its_object_version_and_place(key: str) -> None:
     version = Version(7, 3 * VALUE + 5, VALUE, 4)
     for place in range(4):
-        assert parse(fragment_name(key, version, place)) == Fragment(key, version, place)
+        assert parse(fragment_name(key, version, place)) == FragmentId(key, version, place)
     assert version.span(3) == (3 * VALUE, 5)
     assert version.names(key) == [fragment_name(key, version, p) for p in range(4)]
 
@@ -62,7 +62,7 @@ def test_a_name_that_is_no_fragment_is_not_taken_for_one(name: str) -> None:
 
 def test_a_recovery_keeps_the_newest_whole_version_and_gives_up_the_rest() -> None:
     heard = Heard()
-    catalog = Catalog(heard)
+    catalog = ObjectCatalog(heard)
     old, new, partial = (
         Version(3, 10, VALUE, 1),
         Version(5, 20, VALUE, 1),
@@ -115,7 +115,7 @@ def test_of_two_puts_of_one_key_at_once_the_newer_version_stays_and_the_other_go
             while racing:
                 racing.pop()()  # the other put runs start to end inside this one
 
-    catalog = Catalog(Heard())
+    catalog = ObjectCatalog(Heard())
     card = RacingCard(1, 2**20, VALUE, holdings=catalog)
     store = ObjectStore(card, catalog)
     racing.append(lambda: store.put("t", "k", extent(payload(2, 100)), 100))

@@ -29,7 +29,7 @@ from lmcache_adp.completions import CompletionQueue
 from lmcache_adp.config import ADPParams
 from lmcache_adp.copier import Copier
 from lmcache_adp.ioloop import STORE_POSTS_PER_STEP, IOLoop
-from lmcache_adp.l1 import L1Map
+from lmcache_adp.l1_segment import L1Map
 from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, key_runs
 from lmcache_adp.link import GatewayLink
 from lmcache_adp.outcomes import LINGERING_MAX, Outcomes

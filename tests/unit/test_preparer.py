@@ -13,9 +13,9 @@ import pytest
 from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.format import Kind, RecordHeader
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.errors import StorageError
-from adp_gateway.format import Kind, RecordHeader
 from tests.support import wait_until
 from tests.support.storage import REGION, extent, payload
 

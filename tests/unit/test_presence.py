@@ -1,8 +1,8 @@
-"""Goal: the presence table (adp_wire/presence.py, adp_gateway/presence.py) answers, as the plugin
-reads it through its read-only fd, exactly what the tenant holds: keys added and removed in any
-order, runs that wrap around the table's end, keys removed from the middle of a run; when a key
-finds no cell the table says so (not complete) until that key is gone; the plugin cannot write
-it; and a table that is not what the welcome promised is refused."""
+"""Goal: the presence table (adp_wire/presence.py, adp_gateway/sessions/presence.py) answers, as the
+plugin reads it through its read-only fd, exactly what the tenant holds: keys added and removed in
+any order, runs that wrap around the table's end, keys removed from the middle of a run; when a key
+finds no cell the table says so (not complete) until that key is gone; the plugin cannot write it;
+and a table that is not what the welcome promised is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from adp_gateway.presence import LOAD_MAX, Presence, PresenceTable, slots_for
+from adp_gateway.sessions.presence import LOAD_MAX, Presence, PresenceTable, slots_for
 from adp_wire.errors import ProtocolError
 from adp_wire.presence import PROBES_MAX, SLOTS_MAX, SLOTS_MIN, PresenceView
 from tests.support.presence import keys_at_home

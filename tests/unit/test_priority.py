@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway import priority
+from adp_gateway.host import priority
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.format import Kind, RecordHeader, unpack_header, unpack_superblock
 from adp_gateway.card.software.recovery import first_header, read_footer, walk
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.sealing import row_of
 from adp_gateway.errors import StartupError, StorageError
-from adp_gateway.format import Kind, RecordHeader, unpack_header, unpack_superblock
 from adp_wire.checksum import checksum
 from tests.support.storage import REGION, extent, make_devices, payload
 

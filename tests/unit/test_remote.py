@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from adp_gateway.errors import StorageError
-from adp_gateway.remote import ClientProcess
+from adp_gateway.sessions.client_process import ClientProcess
 from adp_wire.checksum import checksum
 
 CHILD = """

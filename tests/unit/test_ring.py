@@ -115,7 +115,7 @@ def vm_flags(mapping: mmap.mmap) -> list[str]:
 
 
 def test_both_sides_ask_for_the_session_memory_in_huge_pages() -> None:
-    """Whether the kernel grants them is the host's setting (adp_gateway/hugepages.py); the
+    """Whether the kernel grants them is the host's setting (adp_gateway/host/hugepages.py); the
     advice is ours, on the gateway's mapping and on the plugin's (either may touch a page
     first, and that side's advice decides its size)."""
     fd, mapping = create_shared(LAYOUT)

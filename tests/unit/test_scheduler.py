@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from adp_gateway.scheduler import Priority, Scheduler, Task
-from adp_gateway.write_depth import DRAIN_S, FLOOR_BYTES, WriteDepth
+from adp_gateway.scheduling.scheduler import Priority, Scheduler, Task
+from adp_gateway.scheduling.write_depth import DRAIN_S, FLOOR_BYTES, WriteDepth
 from tests.support import wait_until
 
 
@@ -48,7 +48,7 @@ def test_loads_go_first_then_stores_then_deletes() -> None:
 
 
 def test_a_queued_load_is_announced_and_pending_until_it_finishes() -> None:
-    """``on_load`` (the gateway's priority, adp_gateway/priority.py) hears of each load once it
+    """``on_load`` (the gateway's priority, adp_gateway/host/priority.py) hears of each load once it
     is queued; ``loads_pending`` holds while it waits or runs, and not for stores."""
     seen: list[bool] = []
     scheduler = Scheduler(10**9, on_load=lambda: seen.append(scheduler.loads_pending()))

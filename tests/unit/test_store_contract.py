@@ -18,10 +18,10 @@ import pytest
 
 from adp_gateway.card.base import BuiltinCard, CardContext
 from adp_gateway.errors import StorageError, StoreGivenUp
-from adp_gateway.extents import L1Object
-from adp_gateway.l1 import L1Segment
 from adp_gateway.objects.store import ObjectStore, open_store
-from adp_gateway.presence import Presence
+from adp_gateway.sessions.client_l1 import L1Segment
+from adp_gateway.sessions.extents import L1Object
+from adp_gateway.sessions.presence import Presence
 from adp_wire.presence import PresenceView
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 from tests.support.storage import (
@@ -58,7 +58,7 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path, presence: Presence) -
         if opened:
             opened.pop().close()
         presence.close()
-        context = CardContext(lambda: None, lambda _d, _p, device: device, presence)
+        context = CardContext(lambda: None, presence)
         store = open_store(config, context)
         store.recover()
         opened.append(store)

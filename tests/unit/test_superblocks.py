@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.__main__ import main
+from adp_gateway.card.software.format import unpack_superblock
 from adp_gateway.card.software.superblocks import region_starts
 from adp_gateway.errors import StartupError
-from adp_gateway.format import unpack_superblock
 from adp_wire.ring.layout import PAGE_BYTES
 from tests.support import BIN
 from tests.support.storage import REGION, extent, make_devices, open_store, payload

@@ -14,8 +14,8 @@ from adp_gateway import config as gateway_config
 from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.regionlog import Pools
 from adp_gateway.errors import ConfigError
+from adp_gateway.front.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from adp_gateway.objects.store import ObjectStore
-from adp_gateway.tenants import AccessDenied, Peer, TenantConfig, Tenants
 from adp_wire.protocol import Hello
 from tests.support.storage import REGION, extent, open_store, payload
 

@@ -19,19 +19,39 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from adp_gateway.card.base import Card, CardContext, CardStatistics, Holdings, Value, Wanted
+from adp_gateway.card.base import (
+    Card,
+    CardConfig,
+    CardContext,
+    CardReport,
+    CardStatistics,
+    Holdings,
+    Value,
+    ValueObserver,
+    Wanted,
+)
 from adp_gateway.card.holdings import NO_HOLDINGS
-from adp_gateway.card.software.catalog import Catalog
+from adp_gateway.card.software import check as checking
+from adp_gateway.card.software.catalog import ValueCatalog
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.filedevice import FileDevice
+from adp_gateway.card.software.devices.health import DeviceHealth
+from adp_gateway.card.software.format import RecordHeader
+from adp_gateway.card.software.formatting import format_databases
 from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.settings import SoftwareCardConfig, software_config
 from adp_gateway.card.software.values import ValueIO, intact
-from adp_gateway.config import GatewayConfig, region_quotas
-from adp_gateway.format import RecordHeader
 
 log = logging.getLogger(__name__)
+
+
+def wrap_device(device: Device) -> Device:
+    """What a software card does with each device it opens before it uses it: the gateway
+    leaves it as it is; tests put a function of theirs here that wraps it in a FaultyDevice
+    (tests/support/faulty_gateway.py)."""
+    return device
 
 
 class SoftwareCard(Card):
@@ -45,27 +65,50 @@ class SoftwareCard(Card):
         on_written: Callable[[], None] | None = None,
         prepare: bool = False,
         holdings: Holdings = NO_HOLDINGS,
+        health: list[DeviceHealth] | None = None,
     ) -> None:
         """``sync``: a store returns once an fdatasync covers it (else once written).
         ``on_written`` is called by a store's thread when its writes have landed, before it
         waits for that sync (the scheduler then lets the next store's writes go). ``prepare``:
         after ``recover``, write never-written regions once in the background. ``holdings``
-        hears of every name the index gains or loses (card/holdings.py)."""
+        hears of every name the index gains or loses (card/holdings.py). ``health``: the
+        region log's devices as they count their failures, for ``database_states``."""
         self._log = region_log
+        self._health = health or []
         self._value_bytes = value_bytes
         self._sync = sync
         self._on_written = on_written or (lambda: None)
         self._prepare = prepare
-        self._catalog = Catalog(region_log, holdings)
+        self._catalog = ValueCatalog(region_log, holdings)
         self._verify_failures = 0
         self._counts_lock = threading.Lock()  # the I/O threads count at once
         self._io = ValueIO(region_log)
 
     @classmethod
-    def open(cls, config: GatewayConfig, context: CardContext) -> SoftwareCard:
+    def open(cls, config: CardConfig, context: CardContext) -> SoftwareCard:
         """One database per path of the config, each a file (grown to its share of the
         capacity) or a block device."""
-        return _open(config, context)
+        return _open(software_config(config), context)
+
+    @classmethod
+    def check(cls, config: CardConfig, fix: bool, values: ValueObserver) -> CardReport:
+        """Walk every record of every database (``adp-gateway check``): verify each payload,
+        compare each footer, account for every byte; ``fix`` rewrites what can be rewritten."""
+        settings = software_config(config)
+        progress = checking.ProgressLine()
+        paths, region_bytes = settings.database_paths, settings.region_size
+        report = checking.check(paths, fix, progress, region_bytes, values)
+        return CardReport(report.damage, report.summary(), bool(report.damage) and not fix)
+
+    @classmethod
+    def format(cls, config: CardConfig, force: bool) -> CardReport:
+        """Format the databases that hold nothing (all of them with ``force``)."""
+        done = format_databases(software_config(config), force)
+        what = f"{len(done.lines)} database(s), {done.refused} refused"
+        return CardReport(done.lines, what, bool(done.refused))
+
+    def database_states(self) -> list[dict[str, object]]:
+        return [device.state() for device in self._health]
 
     @property
     def index(self) -> Index:
@@ -188,21 +231,21 @@ class SoftwareCard(Card):
         )
 
 
-def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
+def _open(config: SoftwareCardConfig, context: CardContext) -> SoftwareCard:
     assert config.capacity is not None
     paths = config.database_paths
     per_database = config.capacity // len(paths)
-    devices: list[Device] = []
+    devices: list[DeviceHealth] = []
     holder: list[SoftwareCard] = []
     try:
         for database, path in enumerate(paths):
             device = FileDevice(path, per_database, grow=path not in config.devices)
-            devices.append(context.wrap_device(database, path, device))
+            devices.append(DeviceHealth(wrap_device(device), database, path))
         region_log = RegionLog(
-            devices,
+            list(devices),
             config.region_size,
             lambda *region: holder[0].on_reclaim(*region),
-            Pools(region_quotas(config)),
+            Pools(config.region_quotas()),
             durable_fillings=config.sync != "none",
         )
     except BaseException:  # a refused start: let go of the databases (their locks) at once
@@ -216,6 +259,7 @@ def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
         on_written=context.on_written,
         prepare=config.prepare_databases,
         holdings=context.holdings,
+        health=devices,
     )
     holder.append(card)
     return card

@@ -17,16 +17,16 @@ import logging
 import threading
 
 from adp_gateway.card.holdings import NO_HOLDINGS, Holdings
+from adp_gateway.card.software.format import Kind, RecordHeader
 from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.recovery import ProgressLog, rebuild
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.tombstones import Tombstones
-from adp_gateway.format import Kind, RecordHeader
 
 log = logging.getLogger(__name__)
 
 
-class Catalog:
+class ValueCatalog:
     def __init__(self, region_log: RegionLog, holdings: Holdings = NO_HOLDINGS) -> None:
         self._log = region_log
         self.index = Index(holdings)

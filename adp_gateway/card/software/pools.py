@@ -21,9 +21,15 @@ from dataclasses import dataclass, field
 
 from adp_gateway.card.software.devices.reader import aligned
 from adp_gateway.card.software.eviction import choose_victim
+from adp_gateway.card.software.format import (
+    HEADER_BYTES,
+    Kind,
+    RecordHeader,
+    pack_header,
+    pack_region_start,
+)
 from adp_gateway.card.software.regions import SHARED_POOL, Database, LogState, Region
 from adp_gateway.card.software.sealing import entry_bytes_max, fits
-from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, pack_header, pack_region_start
 
 log = logging.getLogger(__name__)
 

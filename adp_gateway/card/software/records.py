@@ -1,12 +1,12 @@
 """Record I/O on the software card: appending records to a database's open region, and reading
 them back.
 
-Records (adp_gateway/format.py) are appended to the pool's open region. Space is reserved under
-the lock, and the I/O never is: ``append_many`` and ``read_many`` run concurrently from the I/O
-threads. Every filling of a region starts with its prologue (pools.py), which travels in the
-region's first write; a record in a region settles (counts as written, so it may be synced and
-acknowledged) only once that first write has landed, so a recovery always finds the epoch of
-any record it must find.
+Records (adp_gateway/card/software/format.py) are appended to the pool's open region. Space is
+reserved under the lock, and the I/O never is: ``append_many`` and ``read_many`` run
+concurrently from the I/O threads. Every filling of a region starts with its prologue
+(pools.py), which travels in the region's first write; a record in a region settles (counts as
+written, so it may be synced and acknowledged) only once that first write has landed, so a
+recovery always finds the epoch of any record it must find.
 """
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ from collections.abc import Iterator
 
 from adp_gateway.card.software.devices.reader import aligned
 from adp_gateway.card.software.eviction import touch
+from adp_gateway.card.software.format import (
+    HEADER_BYTES,
+    Kind,
+    RecordHeader,
+    pack_header,
+    unpack_header,
+)
 from adp_gateway.card.software.pools import Allocator
 from adp_gateway.card.software.regions import (
     SHARED_POOL,
@@ -31,7 +38,6 @@ from adp_gateway.card.software.regions import (
 )
 from adp_gateway.card.software.sealing import Sealer, entry_bytes_max, fits
 from adp_gateway.errors import StorageError
-from adp_gateway.format import HEADER_BYTES, Kind, RecordHeader, pack_header, unpack_header
 from adp_wire.ring.layout import align_up
 
 # How long an append waits for another thread's first write of its region (which a disk that

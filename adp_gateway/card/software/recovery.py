@@ -30,6 +30,15 @@ from typing import NamedTuple, Never
 from tqdm import tqdm
 
 from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.format import (
+    HEADER_BYTES,
+    RECORD_MAGIC,
+    Kind,
+    RecordHeader,
+    Superblock,
+    pack_region_start,
+    unpack_header,
+)
 from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regions import Database, Location, LogState, Region
@@ -42,15 +51,6 @@ from adp_gateway.card.software.sealing import (
     unpack_trailer,
 )
 from adp_gateway.card.software.tombstones import Tombstones
-from adp_gateway.format import (
-    HEADER_BYTES,
-    RECORD_MAGIC,
-    Kind,
-    RecordHeader,
-    Superblock,
-    pack_region_start,
-    unpack_header,
-)
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 

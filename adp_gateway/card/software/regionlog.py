@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.preparer import Preparer
 from adp_gateway.card.software.eviction import count_live
+from adp_gateway.card.software.format import RecordHeader
 from adp_gateway.card.software.pools import Allocator, Pools
 from adp_gateway.card.software.preparation import Preparation
 from adp_gateway.card.software.records import RecordReader, RecordWriter
@@ -35,7 +36,6 @@ from adp_gateway.card.software.recovery import Progress, RegionRecords, RegionSc
 from adp_gateway.card.software.regions import Database, Location, LogState, OnReclaim
 from adp_gateway.card.software.sealing import Sealer
 from adp_gateway.errors import StartupError, StorageError
-from adp_gateway.format import RecordHeader
 from adp_wire.ring.layout import PAGE_BYTES
 
 __all__ = ["Location", "OnReclaim", "Pools", "Progress", "RegionLog", "RegionRecords"]

@@ -17,8 +17,8 @@ from typing import NamedTuple
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import GroupSync
 from adp_gateway.card.software.devices.preparer import unwritten_ranges
+from adp_gateway.card.software.format import HEADER_BYTES, RecordHeader
 from adp_gateway.card.software.superblocks import open_superblock
-from adp_gateway.format import HEADER_BYTES, RecordHeader
 from adp_wire.ring.layout import PAGE_BYTES
 
 

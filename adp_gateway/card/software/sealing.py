@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import msgpack
 
 from adp_gateway.card.software.devices.reader import RegionReader, aligned
+from adp_gateway.card.software.format import HEADER_BYTES, RecordHeader
 from adp_gateway.card.software.regions import Database, LogState, Region
-from adp_gateway.format import HEADER_BYTES, RecordHeader
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import align_up
 

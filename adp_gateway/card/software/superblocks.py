@@ -21,8 +21,7 @@ from typing import NamedTuple
 
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.reader import aligned
-from adp_gateway.errors import StartupError
-from adp_gateway.format import (
+from adp_gateway.card.software.format import (
     FORMAT_VERSION,
     SUPERBLOCK_MAGIC,
     Kind,
@@ -33,6 +32,7 @@ from adp_gateway.format import (
     unpack_header,
     unpack_superblock,
 )
+from adp_gateway.errors import StartupError
 from adp_wire.ring.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)

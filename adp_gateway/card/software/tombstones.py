@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from adp_gateway.card.software.format import Kind, RecordHeader
 from adp_gateway.card.software.regions import Location
-from adp_gateway.format import Kind, RecordHeader
 
 ValueId = tuple[str, str]  # (namespace, name)
 

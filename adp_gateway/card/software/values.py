@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 from adp_gateway.card.base import Value
+from adp_gateway.card.software.format import Kind, RecordHeader
 from adp_gateway.card.software.index import Manifest, ValueId
 from adp_gateway.card.software.regionlog import Location, RegionLog
 from adp_gateway.errors import StorageError
-from adp_gateway.format import Kind, RecordHeader
 from adp_wire.checksum import checksum
 from adp_wire.ring.layout import align_up
 from adp_wire.threads import name_pool_thread

@@ -26,7 +26,7 @@ BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # K and V, bfloat16
 
 
 @dataclass(frozen=True)
-class Report:
+class VerifyReport:
     tokens: int
     chunks: int
     chunks_from_l2: int
@@ -46,7 +46,7 @@ class Report:
         )
 
 
-def verify(rpc_url: str, http_url: str | None, tokens: int, timeout_s: float) -> Report:
+def verify(rpc_url: str, http_url: str | None, tokens: int, timeout_s: float) -> VerifyReport:
     http = http_url or _default_http(rpc_url)
     client = _client(rpc_url, http, tokens)
     try:
@@ -59,7 +59,7 @@ def verify(rpc_url: str, http_url: str | None, tokens: int, timeout_s: float) ->
         client.close()
 
 
-def _round_trip(client: Any, http: str, timeout_s: float) -> Report:
+def _round_trip(client: Any, http: str, timeout_s: float) -> VerifyReport:
     sequence = int(time.time() * 1000) % 2**31  # new tokens every run: nothing cached yet
     stored = client.create_request(sequence, f"adp-verify-store-{sequence}", "verify")
     length = stored.num_full_tokens
@@ -79,7 +79,7 @@ def _round_trip(client: Any, http: str, timeout_s: float) -> Report:
     restore_s = time.perf_counter() - started
     after = client.compute_checksums(restored, 0, length)
     client.end_session(restored)
-    return Report(
+    return VerifyReport(
         tokens=length,
         chunks=restored.total_chunks,
         chunks_from_l2=found.hit_chunks,

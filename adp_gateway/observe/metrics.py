@@ -21,8 +21,8 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
   memory, folded in like their lookups.
 - ``adp_gateway_op_duration_seconds{op}``: from a request's arrival to its completion.
 - ``adp_gateway_queued_ops{queue}``, ``adp_gateway_store_backlog_bytes``: the scheduler's queues;
-  ``adp_gateway_write_depth_bytes``: the bytes of stores that may write at once (what the
-  devices drain in 25 ms at the rate stores were last seen to write: adp_gateway/write_depth.py).
+  ``adp_gateway_write_depth_bytes``: the bytes of stores that may write at once (what the devices
+  drain in 25 ms at the rate stores were last seen to write: adp_gateway/scheduling/write_depth.py).
 - ``adp_gateway_sessions{tenant}``, ``adp_gateway_sessions_opened_total``.
 - ``adp_gateway_objects``, ``adp_gateway_capacity_bytes``, ``adp_gateway_used_bytes``,
   ``adp_gateway_tenant_pool_bytes{tenant}`` / ``..._limit_bytes{tenant}`` (quota pools),

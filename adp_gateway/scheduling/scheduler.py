@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from adp_gateway.write_depth import WriteDepth
+from adp_gateway.scheduling.write_depth import WriteDepth
 from adp_wire.protocol import Status
 
 
@@ -77,7 +77,7 @@ class Scheduler:
         on_load: Callable[[], None] | None = None,
     ) -> None:
         self._store_backlog_max = store_backlog_max
-        self._on_load = on_load  # called with each load it queued (adp_gateway/priority.py)
+        self._on_load = on_load  # called with each load it queued (adp_gateway/host/priority.py)
         self._per_database_max = per_database_max
         self._depth = WriteDepth(store_inflight_max)
         self._store_running_bytes = 0
@@ -117,7 +117,7 @@ class Scheduler:
 
     def store_waited_s(self) -> float:
         """How long the store queued or running longest has been at it (0 with none): a
-        gateway starved of CPU by busier processes shows it first (adp_gateway/priority.py)."""
+        gateway starved of CPU by busier processes shows it first (adp_gateway/host/priority.py)."""
         with self._ready:
             oldest = min(self._stores_since.values(), default=None)
         return 0.0 if oldest is None else (time.monotonic_ns() - oldest) / 1e9

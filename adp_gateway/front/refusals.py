@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from adp_gateway.tenants import Peer
+from adp_gateway.front.tenants import Peer
 
 # (uid, kind) windows kept at once; past it, refusals of new pairs fold into one shared window,
 # so a peer cycling through reasons cannot grow the gateway's memory.

@@ -17,7 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from adp_gateway.tenants import Peer
+from adp_gateway.front.tenants import Peer
 
 PER_UID_MAX = 8
 STRANGERS_MAX = 32

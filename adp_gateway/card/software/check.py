@@ -15,15 +15,22 @@ the same lock as the gateway: it refuses to run while a gateway uses the databas
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Never
 
 from tqdm import tqdm
 
+from adp_gateway.card.base import ValueObserver
 from adp_gateway.card.software.devices.filedevice import FileDevice, open_existing
 from adp_gateway.card.software.devices.reader import RegionReader
+from adp_gateway.card.software.format import (
+    RECORD_MAGIC,
+    Kind,
+    RecordHeader,
+    Superblock,
+    unpack_header,
+)
 from adp_gateway.card.software.recovery import (
     damaged_filling,
     first_header,
@@ -36,20 +43,16 @@ from adp_gateway.card.software.recovery import (
 from adp_gateway.card.software.sealing import TRAILER_BYTES, FooterRow, row_of, write_footer
 from adp_gateway.card.software.superblocks import read_superblock, write_superblock
 from adp_gateway.errors import StartupError
-from adp_gateway.format import RECORD_MAGIC, Kind, RecordHeader, Superblock, unpack_header
-from adp_gateway.objects.names import Version, parse
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
 
 
 @dataclass
-class Report:
+class CheckReport:
     databases: int = 0
     regions: int = 0
     records: int = 0
     bytes_read: int = 0
-    objects: int = 0  # whole: every fragment's record found (adp_gateway/objects/names.py)
-    foreign: int = 0  # records of values that are no object's fragment (an older layout)
     damage: list[str] = field(default_factory=list)
     footers_missing: int = 0
     footers_wrong: int = 0
@@ -58,25 +61,24 @@ class Report:
     def summary(self) -> str:
         return (
             f"checked {self.databases} database(s), {self.regions} region(s) in use: "
-            f"{self.records} records ({format_size(self.bytes_read)} read), {self.objects} "
-            f"complete objects{self._foreign()}; {len(self.damage)} damaged; "
+            f"{self.records} records ({format_size(self.bytes_read)} read); "
+            f"{len(self.damage)} damaged; "
             f"{self.footers_missing} region(s) "
             f"without a footer, {self.footers_wrong} with a wrong one; {self.fixed} repair(s)"
         )
-
-    def _foreign(self) -> str:
-        return f", {self.foreign} values of an older layout" if self.foreign else ""
 
 
 def check(
     paths: list[str],
     fix: bool,
-    progress: Callable[[Report, int, int], None],
+    progress: Callable[[CheckReport, int, int], None],
     region_bytes: int,
-) -> Report:
+    values: ValueObserver,
+) -> CheckReport:
     """Check the databases at ``paths``; ``region_bytes`` (the config's) locates the regions'
-    copies of a damaged superblock."""
-    report = Report()
+    copies of a damaged superblock. ``values`` hears of each value found verified, and names
+    the damaged ones."""
+    report = CheckReport()
     devices = [open_existing(path) for path in paths]
     try:
         superblocks = [
@@ -85,23 +87,17 @@ def check(
         ]
         counts = [_regions(d, sb) for d, sb in zip(devices, superblocks, strict=True)]
         done = 0
-        fragments: dict[tuple[str, str, Version], set[int]] = defaultdict(set)
         for database, (device, superblock) in enumerate(zip(devices, superblocks, strict=True)):
             report.databases += 1
             size = superblock.region_bytes
             for region in range(counts[database]):
                 reader = RegionReader(device, PAGE_BYTES + region * size, size)
                 where = f"database {database} ({paths[database]}) region {region}"
-                for header in _check_region(reader, superblock, where, fix, report):
-                    fragment = parse(header.key) if header.kind == Kind.DATA else None
-                    if fragment is not None:
-                        version = (header.tenant, fragment.key, fragment.version)
-                        fragments[version].add(fragment.place)
-                    elif header.kind == Kind.DATA:
-                        report.foreign += 1
+                for header in _check_region(reader, superblock, where, fix, report, values):
+                    if header.kind == Kind.DATA:
+                        values.seen(header.tenant, header.key)
                 done += 1
                 progress(report, done, sum(counts))
-        report.objects = sum(len(found) == v[2].fragments for v, found in fragments.items())
         if fix:
             for device in devices:
                 device.sync()
@@ -116,7 +112,12 @@ def _regions(device: FileDevice, superblock: Superblock) -> int:
 
 
 def _check_region(
-    reader: RegionReader, superblock: Superblock, where: str, fix: bool, report: Report
+    reader: RegionReader,
+    superblock: Superblock,
+    where: str,
+    fix: bool,
+    report: CheckReport,
+    values: ValueObserver,
 ) -> list[RecordHeader]:
     """The region's valid records; every byte of it that is not what it should be goes into
     ``report``, by object where the bytes were an object's, else by region."""
@@ -136,7 +137,7 @@ def _check_region(
         report.records += 1
         report.bytes_read += header.record_bytes
         if header.kind == Kind.DATA and not payload_intact(reader, offset, header):
-            report.damage.append(f"{where} offset {offset}: {_damaged(header)}")
+            report.damage.append(f"{where} offset {offset}: {_damaged(header, values)}")
             if fix:
                 invalidate(reader, offset)
                 report.fixed += 1
@@ -148,7 +149,7 @@ def _check_region(
     walked_rows = [row_of(offset, header) for offset, header in walked]
     good_rows = [row_of(offset, header) for offset, header in good]
     if footer:
-        _compare(footer, walked_rows, where, report)
+        _compare(footer, walked_rows, where, report, values)
     else:
         report.footers_missing += problem is None
         # Without a footer no hole is explained (by a write that failed before it was
@@ -184,7 +185,7 @@ def _damaged_header_at(reader: RegionReader, salt: int, epoch: int, offset: int)
 
 
 def _start(
-    reader: RegionReader, salt: int, where: str, report: Report
+    reader: RegionReader, salt: int, where: str, report: CheckReport
 ) -> tuple[RecordHeader | None, bool]:
     """The region's start record (None for a free region), and whether it was rebuilt: one
     whose first page is damaged is reported, and stood in for by what its records still say
@@ -204,13 +205,20 @@ def _start(
     return RecordHeader(Kind.REGION, 0, pool, "", 0, epoch=filling.epoch), True
 
 
-def _compare(footer: list[FooterRow], walked: list[FooterRow], where: str, report: Report) -> None:
+def _compare(
+    footer: list[FooterRow],
+    walked: list[FooterRow],
+    where: str,
+    report: CheckReport,
+    values: ValueObserver,
+) -> None:
     """A valid footer against the records a walk found: a record it lists whose header the
     walk could not read is that object's damage; a record it does not list is the footer's."""
     found = {row[0] for row in walked}
     for row in footer:
         if row[0] not in found:
-            report.damage.append(f"{where} offset {row[0]}: {_named(row)}: its header is damaged")
+            named = _named(row, values)
+            report.damage.append(f"{where} offset {row[0]}: {named}: its header is damaged")
     listed = set(footer)
     unlisted = [row for row in walked if row not in listed]
     if unlisted:
@@ -222,7 +230,7 @@ def _compare(footer: list[FooterRow], walked: list[FooterRow], where: str, repor
 
 
 def _superblock(
-    database: int, path: str, device: FileDevice, region_bytes: int, fix: bool, report: Report
+    database: int, path: str, device: FileDevice, region_bytes: int, fix: bool, report: CheckReport
 ) -> Superblock:
     """The database's superblock; one read from a region's copy is damage (rewritten with
     ``fix``)."""
@@ -249,7 +257,7 @@ class ProgressLine:
     def __init__(self) -> None:
         self._bar: tqdm[Never] | None = None
 
-    def __call__(self, report: Report, done: int, total: int) -> None:
+    def __call__(self, report: CheckReport, done: int, total: int) -> None:
         if self._bar is None:
             self._bar = tqdm(total=total, desc="checking", unit="region", mininterval=1.0)
         bar = self._bar
@@ -261,21 +269,14 @@ class ProgressLine:
             bar.close()
 
 
-def _named(row: FooterRow) -> str:
+def _named(row: FooterRow, values: ValueObserver) -> str:
     """The value a footer row lists, as an operator names it."""
     kind, tenant, key = row[1], row[3], row[4]
     if kind != Kind.DATA:
         return f"a tombstone of {tenant}/{key}"
-    fragment = parse(key)
-    if fragment is None:
-        return f"{tenant}/{key} (an older layout)"
-    return f"{tenant}/{fragment.key} fragment {fragment.place} (version {fragment.version.number})"
+    return values.named(tenant, key)
 
 
-def _damaged(header: RecordHeader) -> str:
+def _damaged(header: RecordHeader, values: ValueObserver) -> str:
     """What a record whose payload fails its checksum holds, as an operator names it."""
-    fragment = parse(header.key)
-    if fragment is None:
-        return f"{header.tenant}/{header.key}: payload fails its checksum (an older layout)"
-    what = f"{header.tenant}/{fragment.key} fragment {fragment.place}"
-    return f"{what}: payload fails its checksum (version {fragment.version.number})"
+    return f"{values.named(header.tenant, header.key)}: payload fails its checksum"

@@ -1,10 +1,10 @@
 """Remote copy, the plugin's side: the gateway copies stores out of LMCache's private L1 itself.
 
-Where LMCache's L1 is private memory (``lmcache server`` without ``--shm-name``, as LMCache's
-docs launch it), a store's bytes would otherwise be copied into the session's window by this
-plugin's threads, inside LMCache's process, where the copy slows the lookups LMCache serves
-meanwhile. With remote copy the plugin posts the buffer's address instead, and the gateway reads
-it with the kernel's cross-memory attach (``process_vm_readv``; adp_gateway/remote.py). Loads
+Where LMCache's L1 is private memory (``lmcache server`` without ``--shm-name``, as LMCache's docs
+launch it), a store's bytes would otherwise be copied into the session's window by this plugin's
+threads, inside LMCache's process, where the copy slows the lookups LMCache serves meanwhile. With
+remote copy the plugin posts the buffer's address instead, and the gateway reads it with the
+kernel's cross-memory attach (``process_vm_readv``; adp_gateway/sessions/client_process.py). Loads
 are unchanged: the gateway never writes this process's memory.
 
 The kernel decides whether the gateway may read this process: it must be the same user (or

@@ -17,9 +17,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-import xxhash
-
-from adp_wire.checksum import checksum
+from adp_wire.checksum import checksum, key_hash
 from adp_wire.ring.layout import PAGE_BYTES, align_up
 
 RECORD_MAGIC = b"ADPFRAG1"
@@ -42,10 +40,6 @@ class Kind(IntEnum):
 
 
 _KINDS = {int(kind): kind for kind in Kind}
-
-
-def key_hash(tenant: str, key: str) -> int:
-    return int(xxhash.xxh3_64_intdigest(f"{tenant}\0{key}".encode()))
 
 
 @dataclass(frozen=True)

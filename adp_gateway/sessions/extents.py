@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.l1 import L1Segment
-from adp_gateway.remote import ClientProcess
+from adp_gateway.sessions.client_l1 import L1Segment
+from adp_gateway.sessions.client_process import ClientProcess
 from adp_wire.protocol import given_up_span, source_span
 from adp_wire.ring.layout import PAGE_BYTES, Submission, align_up
 
@@ -53,7 +53,7 @@ def given_up_word(submission: Submission, arena: memoryview) -> memoryview:
 
 def source_address(submission: Submission, arena: memoryview) -> int:
     """A remote-copy store's buffer address in the client, in its arena after its given-up
-    word; only ever read through the kernel (adp_gateway/remote.py)."""
+    word; only ever read through the kernel (adp_gateway/sessions/client_process.py)."""
     span = source_span(submission.request_bytes)
     if span.stop > len(arena):
         raise ProtocolError("a remote-copy store's address does not fit its arena")

@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adp_gateway import unix_socket
 from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import GatewayError, ProtocolError
-from adp_gateway.handshake_slots import HandshakeSlots
-from adp_gateway.l1 import L1Segment
-from adp_gateway.refusals import RefusalLog
-from adp_gateway.remote import ClientProcess
-from adp_gateway.session import Session
-from adp_gateway.tenants import AccessDenied, Peer, Tenants
+from adp_gateway.front import unix_socket
+from adp_gateway.front.handshake_slots import HandshakeSlots
+from adp_gateway.front.refusals import RefusalLog
+from adp_gateway.front.tenants import AccessDenied, Peer, Tenants
+from adp_gateway.sessions.client_l1 import L1Segment
+from adp_gateway.sessions.client_process import ClientProcess
+from adp_gateway.sessions.session import Session
 from adp_wire.protocol import (
     Hello,
     is_status_request,

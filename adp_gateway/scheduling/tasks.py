@@ -1,7 +1,8 @@
 """A session's work for the I/O threads: its stores, deletes and groups of loads, each a scheduler
 task that ends by completing its ops (``Complete``, the session's ``complete``), whatever happens:
-done, missed, failed on a storage error, expired before it started, or refused or cancelled by
-the scheduler. A zero-copy store runs inside the session's ``L1Readers`` (adp_gateway/l1.py).
+done, missed, failed on a storage error, expired before it started, or refused or cancelled by the
+scheduler. A zero-copy store runs inside the session's ``L1Readers``
+(adp_gateway/sessions/client_l1.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from adp_gateway.errors import StorageError, StoreGivenUp
-from adp_gateway.extents import L1Object, RemoteObject
-from adp_gateway.l1 import L1Readers
-from adp_gateway.loads import Load
-from adp_gateway.metrics import Metrics
 from adp_gateway.objects.store import ObjectStore
-from adp_gateway.scheduler import Priority, Scheduler, Task
-from adp_gateway.summary import Summary
+from adp_gateway.observe.metrics import Metrics
+from adp_gateway.scheduling.loads import Load
+from adp_gateway.scheduling.scheduler import Priority, Scheduler, Task
+from adp_gateway.sessions.client_l1 import L1Readers
+from adp_gateway.sessions.extents import L1Object, RemoteObject
+from adp_gateway.sessions.summary import Summary
 from adp_wire.protocol import Op, Status
 from adp_wire.ring.layout import Submission
 from adp_wire.trace import Stage, mark

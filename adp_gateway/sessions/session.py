@@ -9,9 +9,10 @@ the I/O threads run its loads, stores and deletes (work.py) and call ``complete`
 stays alive until the last I/O thread has released its views of it, so a dead client never pulls
 memory out from under an in-flight read or write.
 
-Zero-copy stores (``FLAG_L1``) read the client's L1 pages, and remote-copy stores
-(``FLAG_REMOTE``) its private memory, through the kernel only, inside the session's ``L1Readers``
-(adp_gateway/l1.py), which it closes before its socket. The gateway never writes L1: every load
+Zero-copy stores (``FLAG_L1``) read the client's L1 pages, and remote-copy stores (``FLAG_REMOTE``)
+its private memory, through the kernel only, inside the session's ``L1Readers``
+(adp_gateway/sessions/client_l1.py), which it closes before its socket. The gateway never writes L1:
+every load
 lands in the window.
 """
 
@@ -31,7 +32,14 @@ from collections.abc import Callable
 import numpy as np
 
 from adp_gateway.errors import ProtocolError
-from adp_gateway.extents import (
+from adp_gateway.objects.store import ObjectStore
+from adp_gateway.observe.metrics import Metrics
+from adp_gateway.scheduling.loads import Load, groups
+from adp_gateway.scheduling.scheduler import Scheduler
+from adp_gateway.scheduling.tasks import SessionWork, results
+from adp_gateway.sessions.client_l1 import L1Readers, L1Segment
+from adp_gateway.sessions.client_process import ClientProcess
+from adp_gateway.sessions.extents import (
     L1Object,
     RemoteObject,
     given_up_word,
@@ -39,15 +47,8 @@ from adp_gateway.extents import (
     source_address,
     window_range,
 )
-from adp_gateway.l1 import L1Readers, L1Segment
-from adp_gateway.loads import Load, groups
-from adp_gateway.metrics import Metrics
-from adp_gateway.objects.store import ObjectStore
-from adp_gateway.presence import Presence
-from adp_gateway.remote import ClientProcess
-from adp_gateway.scheduler import Scheduler
-from adp_gateway.summary import Summary
-from adp_gateway.work import SessionWork, results
+from adp_gateway.sessions.presence import Presence
+from adp_gateway.sessions.summary import Summary
 from adp_wire.protocol import (
     GIVEN_UP_BYTES,
     KEYS_PER_REQUEST_MAX,

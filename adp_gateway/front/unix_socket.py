@@ -14,7 +14,7 @@ import struct
 
 from adp_gateway import config as config_module
 from adp_gateway.errors import StartupError
-from adp_gateway.tenants import Peer
+from adp_gateway.front.tenants import Peer
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Connections the kernel queues for accept (capped by net.core.somaxconn): a burst, or a gateway

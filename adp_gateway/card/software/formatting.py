@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from adp_gateway.card.software.devices.filedevice import FileDevice, open_existing
 from adp_gateway.card.software.devices.reader import aligned
+from adp_gateway.card.software.format import unpack_superblock
+from adp_gateway.card.software.settings import SoftwareCardConfig
 from adp_gateway.card.software.superblocks import format_device, regions_in_use
-from adp_gateway.config import GatewayConfig
-from adp_gateway.format import unpack_superblock
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
 
@@ -28,7 +28,7 @@ class Formatted:
     refused: int = 0
 
 
-def format_databases(config: GatewayConfig, force: bool) -> Formatted:
+def format_databases(config: SoftwareCardConfig, force: bool) -> Formatted:
     """Format each database of ``config`` that exists (all of them with ``force``, else those
     that hold nothing); one line per database says what was done."""
     done = Formatted()

@@ -1,0 +1,1 @@
+"""What an operator sees: metrics and probes, `adp-gateway status`, `adp-gateway verify`."""
