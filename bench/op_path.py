@@ -263,8 +263,9 @@ def report(results: dict[str, Any]) -> str:
             rate = figures[f"{figure}_{direction}_GBps"] * 1e3
             shown.append(f"{rate:.0f} ({c['mb_per_s'] / rate:.2f}x)")
         lines.append(f"| {label}, MB/s (ours / it) | " + " | ".join(shown) + " |")
-    lines += ["", "## CPU seconds per GB, by thread role (bench/thread_cpu.py)", ""]
-    lines += cpu_table(cells)
+    if all("cpu_s_per_GB" in c for c in cells):  # runs before thread_cpu.py have none
+        lines += ["", "## CPU seconds per GB, by thread role (bench/thread_cpu.py)", ""]
+        lines += cpu_table(cells)
     if floor is not None:
         lines += ["", "## The disk's floor, same run (bench/floor.py)", "", disk_floor.table(floor)]
     return "\n".join(lines) + "\n"

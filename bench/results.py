@@ -179,28 +179,30 @@ def write(stem: Path, benchmark: str, report: dict[str, Any]) -> dict[str, Any]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     try:
-        machine: str | None = parse_name(stem.name).machine
+        result: Result | None = parse_name(stem.name)
     except ValueError:
-        machine = None
-    Path(f"{stem}.md").write_text(markdown(report, machine))
+        result = None
+    Path(f"{stem}.md").write_text(markdown(report, result))
     return report
 
 
-def markdown(report: dict[str, Any], machine: str | None) -> str:
-    """The header (what ran, on which commit, when, where), then the benchmark's own report."""
+def markdown(report: dict[str, Any], result: Result | None) -> str:
+    """The header (what ran, on which commit, when, where), then the benchmark's own report;
+    ``result``: what the file's name says, None for a file outside the scheme."""
     benchmark = BENCHMARKS[report["benchmark"]]
-    where = MACHINES[machine] if machine else "not recorded"
-    lines = [
-        f"# {benchmark.title}",
-        "",
+    lines = [f"# {benchmark.title}", ""]
+    if result is not None and result.variant:
+        lines.append(f"- variant: {benchmark.variants[result.variant]}")
+    lines += [
         f"- command: `{report['command']}`",
         f"- commit: {report['commit']}",
         f"- date: {report['date']}",
-        f"- machine: {where}",
+        f"- machine: {MACHINES[result.machine] if result else 'not recorded'}",
     ]
     if report.get("note"):
         lines.append(f"- note: {report['note']}")
-    return "\n".join(lines) + "\n\n" + _report_function(benchmark)(report)
+    body = _report_function(benchmark)(report)
+    return "\n".join(lines) + "\n\n" + body + ("" if body.endswith("\n") else "\n")
 
 
 def _report_function(benchmark: Benchmark) -> Callable[[dict[str, Any]], str]:
@@ -249,12 +251,19 @@ def _stamp_problem(stem: str, report: dict[str, Any]) -> str | None:
 
 
 def render_all(directory: Path = RESULTS) -> dict[Path, str]:
-    """Each result's Markdown as its JSON renders it, by path."""
+    """Each result's Markdown as its JSON renders it, by path (JSON that ``problems`` names
+    are left out)."""
     rendered = {}
     for path in result_files(directory):
-        if path.suffix == ".json":
-            report = json.loads(path.read_text())
-            rendered[path.with_suffix(".md")] = markdown(report, parse_name(path.stem).machine)
+        if path.suffix != ".json" or not path.is_file():
+            continue
+        try:
+            result = parse_name(path.stem)
+        except ValueError:
+            continue
+        report = json.loads(path.read_text())
+        if _stamp_problem(path.stem, report) is None:
+            rendered[path.with_suffix(".md")] = markdown(report, result)
     return rendered
 
 
@@ -263,20 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing, report drift")
     parser.add_argument("--dir", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    bad = problems(args.dir)
-    for line in bad:
-        print(f"bench/results: {line}", file=sys.stderr)
-    if bad:
-        return 1
     stale = []
     for path, text in render_all(args.dir).items():
-        if path.read_text() != text:
+        if not path.exists() or path.read_text() != text:
             stale.append(path.name)
             if not args.check:
                 path.write_text(text)
     for name in stale:
-        print(f"{'out of date' if args.check else 'rewrote'}: {name}")
-    return 1 if args.check and stale else 0
+        print(f"{'out of date' if args.check else 'wrote'}: {name}")
+    bad = problems(args.dir)
+    for line in bad:
+        print(f"bench/results: {line}", file=sys.stderr)
+    return 1 if bad or (args.check and stale) else 0
 
 
 if __name__ == "__main__":
