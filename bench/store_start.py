@@ -3,7 +3,7 @@
     python -m bench.store_start --dir /tmp/ss [--keys 32] [--object-mib 32] [--rounds 20]
 
 On the H200 the slow lookup of a write-through is the first one after each store
-(bench/results/h200/README.md, ``adc2c30/``). This measures the part of a store's start that runs
+(``a7353c1:bench/results/h200/adc2c30/``). This measures the part of a store's start that runs
 in LMCache's process, with the gateway stopped (SIGSTOP) so that neither its work nor the disk's
 takes a CPU: per round, one batch of ``--keys`` objects in a shared-memory L1 is submitted to a
 real ``ADPConnector``, as LMCache's store controller does, and then
