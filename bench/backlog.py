@@ -44,6 +44,7 @@ import numpy as np
 from adp_gateway.config import GatewayConfig
 from bench import backlog_gateway, backlog_report, gateways, plugin
 from bench.machine import machine
+from bench.results import write as write_result
 from tests.support import Gateway, Process, wait_for_future, wait_until
 
 GiB = 2**30
@@ -335,9 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"phase {name} ...", flush=True)
         report[name] = PHASES[name](args)
     report["machine"]["loadavg_end"] = os.getloadavg()
-    Path(f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text(backlog_report.markdown(report))
-    print(Path(f"{args.out}.md").read_text())
+    write_result(Path(args.out), "backlog", report)
+    print(backlog_report.markdown(report))
     return 0
 
 

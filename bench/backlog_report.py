@@ -131,12 +131,12 @@ def _spread(values: list[float]) -> dict[str, float]:
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     head = (
-        f"`{report['command']}` — {report['started']}, commit {m['commit']}, {m['cpus']} CPUs, "
-        f"load average {m['loadavg_start'][0]:.2f} at start, `{m['dir_filesystem']}`. "
+        f"{m['cpus']} CPUs, load average {m['loadavg_start'][0]:.2f} at start, "
+        f"`{m['dir_filesystem']}`. "
         f"Objects of {report['object_mib']} MiB, {report.get('io_threads', 8)} I/O threads in the "
         "gateway; every client a real ADPConnector."
     )
-    sections = ["# Read-first scheduling under a store backlog (`bench/backlog.py`)\n\n" + head]
+    sections = [head]
     if "backlog" in report:
         sections.append(_backlog_section(report))
     if "one_session" in report:

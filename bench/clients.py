@@ -28,6 +28,7 @@ from typing import Any
 
 from bench import floor, gateways
 from bench.machine import machine
+from bench.results import write as write_result
 from tests.support import ROOT, Gateway, short_tmpdir
 
 RESULTS = ROOT / "bench" / "results"
@@ -140,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         for op in ("write_GBps", "read_GBps")
     }
     report["machine"]["loadavg_end"] = os.getloadavg()
-    (args.out / "clients.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "clients.md").write_text(markdown(report))
+    write_result(args.out, "clients", report)
     print(markdown(report))
     bad = [p for p in report["points"] for op in ("store", "load") if _errors(p[op])]
     return 1 if bad else 0
@@ -174,9 +174,6 @@ def markdown(report: dict[str, Any]) -> str:
     return (
         "\n".join(
             [
-                "# Many clients on one gateway",
-                "",
-                f"`{report['command']}` — {report['started']}, commit {info['commit']}, "
                 f"{info['cpus']} CPUs, load average {info['loadavg_start'][0]:.2f} at start, "
                 f"`{info['dir_filesystem']}`. Objects of {report['object_bytes'] // 2**20} MiB, "
                 f"{report['bytes_per_point'] / 1e9:.2f} GB stored and loaded per point, "
@@ -203,7 +200,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--object-mib", type=int, default=32)
     parser.add_argument("--total-gib", type=int, default=4, help="bytes of every point")
     parser.add_argument("--in-flight", type=int, default=4, help="objects outstanding per client")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "clients",
+        help="path without extension of the results",
+    )
     return parser.parse_args(argv)
 
 

@@ -1,7 +1,7 @@
 """Our plugin with its stores held back, to tell a store's write-through apart from its submit.
 
 On the H200 the slow lookup of a write-through is the first one after each store
-(bench/results/h200/README.md, ``adc2c30/``). That lookup meets both LMCache's own work on the
+(``a7353c1:bench/results/h200/adc2c30/``). That lookup meets both LMCache's own work on the
 new store and the start of ours: the plugin posting the store's requests, the gateway starting to
 write them, the copy path filling the window. ``DelayedStores`` is a native_plugin wrapper around
 the product's own ``ADPConnector``, unchanged: it hands each store batch to it ``delay_ms`` after

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import mmap
 import os
 import select
@@ -50,6 +49,7 @@ from adp_wire.ring.queue import (
     submission_producer,
 )
 from bench import gateways, plugin
+from bench.results import write as write_result
 from bench.stats import summary_us
 from lmcache_adp.batch import Batch
 from lmcache_adp.lanes import key_runs
@@ -284,9 +284,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/exists.json"))
     args = parser.parse_args()
     result = run(args.dir, args.objects, args.index_entries, args.rounds, args.object_kb * 1024)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m bench.exists", *sys.argv[1:]])
-    args.out.write_text(json.dumps({"command": command, **result}, indent=1))
+    write_result(args.out.with_suffix(""), "exists", {"command": command, **result})
     print(table(result))
     return 0
 

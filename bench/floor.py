@@ -45,6 +45,7 @@ from adp_gateway.config import GatewayConfig
 from adp_gateway.scheduling.write_depth import FLOOR_BYTES
 from adp_wire import fragmenter
 from adp_wire.ring.layout import align_up
+from bench.results import write as write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_FIO = ROOT / ".fio" / "fio"  # a static build carried to hosts without fio (bench/README.md)
@@ -318,6 +319,11 @@ def table(floor: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def report(result: dict[str, Any]) -> str:
+    """Markdown of a bench.floor result: its table."""
+    return table(result["floor"]) + "\n"
+
+
 def _mbps(gbps: float | None) -> str:
     return "-" if gbps is None else f"{gbps * 1e3:.0f}"
 
@@ -334,11 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(floor)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         command = " ".join(["python -m bench.floor", *(argv if argv is not None else sys.argv[1:])])
-        report = {"command": command, "loadavg": os.getloadavg(), "floor": floor}
-        Path(f"{args.out}.json").write_text(json.dumps(report, indent=1) + "\n")
-        Path(f"{args.out}.md").write_text(f"# Disk floor\n\n`{command}`\n\n{text}\n")
+        result = {"command": command, "loadavg": os.getloadavg(), "floor": floor}
+        write_result(args.out, "floor", result)
     return 0
 
 

@@ -31,9 +31,9 @@
 #   run(command="STEPS='floor lookup restore' ROUNDS=1 ADP_COMMIT=$(git rev-parse --short HEAD) \
 #       bash bench/h200.sh", carry=[".whl", ".stage", ".fio"], timeout_s=600)
 # Each step stops short of BUDGET_S (default 560 s) since the call began, so what ran comes back.
-# Results in $OUT, named after the card that ran them (h200, h100): floor-h200.*,
-# lookup_under_load-h200.*, long_restore-h200-rN.*, long_restore_tmpfs-h200-rN.*, matrix_tmpfs-h200.*,
-# and run_stdout.txt.
+# Results in $OUT, named as bench/results/ names them, after the card that ran them (h200, h100):
+# floor-h200.*, lookup-h200.*, matrix-tmpfs-h200.*, long-restore-h200-rN.* and
+# long-restore-tmpfs-h200-rN.* (commit one round without -rN), and run_stdout.txt.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_stdout.txt") 2>&1
@@ -122,7 +122,7 @@ for step in $STEPS; do
         --prompt-mib "${LOOKUP_MIB:-1024}" --prompts "${LOOKUP_PROMPTS:-4}" \
         --rounds "${LOOKUP_ROUNDS:-3}" --contenders "${LOOKUP_CONTENDERS:-lmcache_adp,fs_native,null}" \
         ${LOOKUP_ARGS:-} --lmcache-bin $BIN --logs "$OUT/logs/lookup" \
-        --out "$OUT/lookup_under_load-$CARD"; echo "lookup rc=$?"
+        --out "$OUT/lookup-$CARD"; echo "lookup rc=$?"
       rm -rf "$D/lookup" ;;
     matrix)
       ts "== matrix through lmcache bench l2 (${MATRIX_ARGS:-})"
@@ -145,7 +145,7 @@ for step in $STEPS; do
       A=${MATRIX_TMPFS_ARGS:---sizes-kb 4096,32768 --keys 32 --in-flight 1,4 --contenders adp-periodic,fs-odirect --repeats 3 --phase-mib 512 --floor-gib 1}
       ts "== matrix on tmpfs through lmcache bench l2 ($A)"
       ADP_LMCACHE_BIN=$BIN timeout $(( $(left) - 5 )) $PY -m bench.matrix --dir "$M" --ram-l2 "$R" \
-        $A --out "$OUT/matrix_tmpfs-$CARD"; echo "matrix_tmpfs rc=$?"
+        $A --out "$OUT/matrix-tmpfs-$CARD"; echo "matrix_tmpfs rc=$?"
       rm -rf "$M" "$R" ;;
     restore_tmpfs)  # the gateway's databases, fs_native and LMCache alone on /dev/shm
       T=/dev/shm/adp-h200-restore; R=/dev/shm/adp-h200-ram  # LMCache alone's files: in R
@@ -156,7 +156,7 @@ for step in $STEPS; do
         ts "== long_restore on tmpfs, round $r, ${GB:-8.6} GB (${RESTORE_TMPFS_ARGS:-})"
         timeout $(( $(left) - 5 )) $PY -m bench.long_restore --dir "$T" --ram-l2 "$R" \
           --gb "${GB:-8.6}" --mode "${MODE:-gpu}" --lmcache-bin $BIN ${RESTORE_TMPFS_ARGS:-} \
-          --out "$OUT/long_restore_tmpfs-$CARD-r$r" --logs "$OUT/logs/restore-tmpfs-r$r"
+          --out "$OUT/long-restore-tmpfs-$CARD-r$r" --logs "$OUT/logs/restore-tmpfs-r$r"
         echo "long_restore_tmpfs round $r rc=$?"; rm -rf "$T" "$R"
       done ;;
     restore)
@@ -164,7 +164,7 @@ for step in $STEPS; do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }
         ts "== long_restore round $r, ${GB:-8.6} GB"
         timeout $(( $(left) - 5 )) $PY -m bench.long_restore --dir "$D/restore" --gb "${GB:-8.6}" \
-          --mode "${MODE:-gpu}" --lmcache-bin $BIN --out "$OUT/long_restore-$CARD-r$r" \
+          --mode "${MODE:-gpu}" --lmcache-bin $BIN --out "$OUT/long-restore-$CARD-r$r" \
           --logs "$OUT/logs/restore-r$r" ${RESTORE_ARGS:---shm-name adp-h200-l1}
         echo "long_restore round $r rc=$?"; rm -rf "$D/restore"
       done ;;

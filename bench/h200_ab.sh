@@ -23,7 +23,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     (cd "$dir" && OUT=$OUT/$side-r$r STEPS=lookup LOOKUP_PROMPTS=8 LOOKUP_ROUNDS=1 LOOKUP_CONTENDERS=$C \
       LOOKUP_ARGS="$ARGS" ADP_COMMIT=$commit BUDGET_S=$(( left - 5 )) bash bench/h200.sh > /dev/null 2>&1)
     tail -3 "$OUT/$side-r$r/run_stdout.txt"
-    grep -A8 '^| contender' "$OUT/$side-r$r"/lookup_under_load-h[0-9]*.md 2>/dev/null | head -8
+    grep -A8 '^| contender' "$OUT/$side-r$r"/lookup-h[0-9]*.md 2>/dev/null | head -8
   done
 done
 (cd "$OUT" && tar -czf ab.tgz --exclude logs.tgz base-r* new-r* && rm -rf base-r* new-r*)

@@ -60,6 +60,7 @@ from bench import floor as disk_floor
 from bench import gateways, odirect
 from bench.harness import cpu_seconds_of, drop_file_cache
 from bench.long_restore_report import markdown
+from bench.results import write as write_result
 from tests.support import BIN, ROOT, Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
 
 CHUNK_TOKENS = 256
@@ -415,9 +416,7 @@ def main() -> int:
         "odirect": check_dirs(directories),
         "results": run(setup, args.shm_name, args.adp_config, args.ram_l2, args.databases),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(report))
+    write_result(args.out, "long_restore", report)
     print(markdown(report))
     return 0
 

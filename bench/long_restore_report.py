@@ -22,17 +22,18 @@ PROCESSES = (("server", "lmcache server"), ("gateway", "gateway"), ("client", "c
 
 def markdown(report: dict[str, Any]) -> str:
     results = report["results"]
-    floor_s = results["floor"].get("read_s")
-    prompt = report["prompt"]
+    floor = results.get("floor")  # a run cut short may lack the floor and the set-up's record
+    floor_s = floor.get("read_s") if floor else None
     references = [k for k in ("fs_native", "ram_l2") if _restore_s(results.get(k))]
-    lines = [
-        f"`{report['command']}` — commit {report['commit']}, {report['date_utc']} UTC, "
-        f"KV cache on {report['mode']}, L1 {report['l1_size_gb']} GiB, host's shmem huge pages: "
-        f"{report.get('shmem_huge_pages', 'not recorded')}",
-        "",
-        _prompt_line(prompt, report["target"]),
-        "",
-    ]
+    lines = []
+    if "mode" in report:
+        lines += [
+            f"KV cache on {report['mode']}, L1 {report['l1_size_gb']} GiB, host's shmem huge "
+            f"pages: {report.get('shmem_huge_pages', 'not recorded')}.",
+            "",
+        ]
+    if "prompt" in report:
+        lines += [_prompt_line(report["prompt"], report["target"]), ""]
     checks = report.get("odirect", [])
     if checks:
         lines += [*(f"- {odirect.line(check)}" for check in checks), ""]
@@ -41,8 +42,9 @@ def markdown(report: dict[str, Any]) -> str:
         + "".join(f"| / {_short(k)} " for k in references)
         + "| again, L1 cleared: restore s (prefetch s) | store s (+ L2 settle s) | data equal |",
         "|---|---|---|---|---|---|" + "---|" * len(references) + "---|---|---|",
-        _floor_row(results["floor"], len(references)),
     ]
+    if floor:
+        lines.append(_floor_row(floor, len(references)))
     for key, label in contenders(results):
         lines.append(_row(label, results[key], floor_s, [results[k] for k in references]))
     cpu = cpu_table(results)

@@ -70,6 +70,7 @@ import numpy as np
 
 from bench import gateways
 from bench.machine import machine
+from bench.results import write as write_result
 from bench.stats import summary_us
 from lmcache_adp import ADPConnector
 from tests.support import BIN, Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
@@ -425,8 +426,7 @@ def drive_main(args: argparse.Namespace) -> int:
 
 
 def write(report: dict[str, Any], stem: Path) -> None:
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    stem.with_suffix(".md").write_text(render(report))
+    write_result(stem, "lookup_under_load", report)
 
 
 def _summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -482,9 +482,7 @@ def _line(result: dict[str, Any]) -> str:
 def render(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
-        "# L1-hit lookups while the same LMCache server writes through to L2",
-        "",
-        f"`{report['command']}`, commit {m['commit']}, {m['cpus']} CPUs, load average "
+        f"{m['cpus']} CPUs, load average "
         f"{m['loadavg_start'][0]:.2f} at start, {m['dir_filesystem']}. Prompts of "
         f"{report['prompt_mib']} MiB, {report['mode']} mode. Medians over rounds of each "
         "round's percentiles; every lookup a full L1 hit unless noted.",

@@ -5,23 +5,30 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 
 def machine(directory: Path) -> dict[str, Any]:
     """What the numbers depend on: the code, the CPUs and how busy they were, the filesystem."""
-    # A copy of the tree without its .git (the GPU host's) names its commit in ADP_COMMIT.
-    commit = os.environ.get("ADP_COMMIT") or _git("rev-parse", "--short", "HEAD")
-    if not os.environ.get("ADP_COMMIT") and _git("status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
     return {
-        "commit": commit,
+        "commit": commit_of_checkout(),
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
         "dir_filesystem": _filesystem(directory),
     }
+
+
+def commit_of_checkout() -> str:
+    """The commit the benchmark runs, marked when the checkout has uncommitted changes."""
+    # A copy of the tree without its .git (the GPU host's) names its commit in ADP_COMMIT.
+    commit = os.environ.get("ADP_COMMIT") or _git("rev-parse", "--short", "HEAD")
+    if not os.environ.get("ADP_COMMIT") and _git("status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    return commit
 
 
 def _git(*args: str) -> str:

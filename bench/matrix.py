@@ -57,6 +57,7 @@ from bench import floor, gateways, odirect
 from bench.harness import Load, drop_file_cache, lmcache_bench
 from bench.machine import machine
 from bench.matrix_report import RAM_L2, markdown
+from bench.results import write as write_result
 from tests.support import ROOT, Gateway, short_tmpdir
 
 CONTENDERS = ("adp-always", "adp-periodic", "adp-none", "fs-odirect", "fs-buffered")
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     checks = check_dirs([directory] if ram_dir is None else [directory, ram_dir])
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.matrix", *args.argv]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S +0000", time.gmtime()),
         "machine": machine(directory),
         "defaults": {"sync": GatewayConfig().sync},
         "settings": {k: str(v) for k, v in vars(args).items() if k != "argv"},
@@ -324,7 +325,7 @@ def check_dirs(directories: list[Path]) -> list[dict[str, Any]]:
 
 def yield_report(report: dict[str, Any], args: argparse.Namespace) -> None:
     """Write what there is so far, so an interrupted run keeps its cells."""
-    Path(f"{args.out}.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_result(Path(args.out), "matrix", report)
 
 
 def _loadavg() -> list[float]:
@@ -370,9 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = run(args)
     yield_report(report, args)
-    text = markdown(report)
-    Path(f"{args.out}.md").write_text(text)
-    print(text)
+    print(markdown(report))
     print(f"wrote {args.out}.json and {args.out}.md")
     return 1 if any("failed" in cell for cell in report["cells"]) else 0
 

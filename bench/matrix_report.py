@@ -20,10 +20,7 @@ def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     sync = report["defaults"]["sync"]
     parts = [
-        "# lmcache-adp against fs_native through `lmcache bench l2`, and the disk's floor",
-        "",
-        f"`{report['command']}` — {report['started']}, commit {m['commit']}, {m['cpus']} CPUs, "
-        f"load average {_load(m.get('loadavg_start'))} at start and "
+        f"{m['cpus']} CPUs, load average {_load(m.get('loadavg_start'))} at start and "
         f"{_load(m.get('loadavg_end'))} at the end, `{m['dir_filesystem']}`. "
         'MB/s = 10^6 bytes/s; medians over the repeats; "ours" is lmcache-adp with every '
         f"setting its default (sync `{sync}`), other rows name what differs.",

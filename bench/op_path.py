@@ -27,7 +27,6 @@ host's shmem setting.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -46,6 +45,7 @@ from bench import floor as disk_floor
 from bench import gateways, thread_cpu
 from bench.machine import machine
 from bench.plugin import connect, object_keys, wait_connected
+from bench.results import write as write_result
 from tests.support import Gateway, wait_for_future
 
 # What the table shows for each batch: ms from its submit to the first or last stamp of a stage.
@@ -91,10 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         batches = max(3, min(args.batches_max, args.phase_mib * 1024 // (size_kb * args.keys)))
         cells = run_size(args.dir, size_kb * 1024, args.keys, batches, not args.copy_path)
         results["cells"].extend(cells)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(report(results))
-    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.md')}")
+    write_result(args.out, "op_path", results)
+    print(f"wrote {args.out}.json and {args.out}.md")
     return 0
 
 
@@ -239,9 +237,7 @@ def cpu_table(cells: list[dict[str, Any]]) -> list[str]:
 def report(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
-        "# Where a batch's time goes, stage by stage (bench/op_path.py)",
-        "",
-        f"`{results['command']}`: commit {m['commit']}, {m['cpus']} CPUs, load average "
+        f"{m['cpus']} CPUs, load average "
         f"{m['loadavg_start'][0]:.1f} at start, `{m['dir_filesystem']}`, shmem huge pages: "
         f"`{results['shmem_huge_pages']}`. One batch of {results['keys']} objects in flight; "
         "milliseconds from LMCache's submit, medians over the batches.",
@@ -256,8 +252,10 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(shown) + " |")
     shown = [f"{c['mb_per_s']:.0f}" for c in cells]
     lines.append("| MB/s (batch bytes / median batch time) | " + " | ".join(shown) + " |")
-    floor = results["floor"]
+    floor = results.get("floor")  # runs before the floor was part of this bench have none
     for label, figure in (("fio at the gateway's shape", "gateway_shape"), ("fio's best", "best")):
+        if floor is None:
+            break
         shown = []
         for c in cells:
             direction = "write" if c["op"] == "store" else "read"
@@ -265,9 +263,11 @@ def report(results: dict[str, Any]) -> str:
             rate = figures[f"{figure}_{direction}_GBps"] * 1e3
             shown.append(f"{rate:.0f} ({c['mb_per_s'] / rate:.2f}x)")
         lines.append(f"| {label}, MB/s (ours / it) | " + " | ".join(shown) + " |")
-    lines += ["", "## CPU seconds per GB, by thread role (bench/thread_cpu.py)", ""]
-    lines += cpu_table(cells)
-    lines += ["", "## The disk's floor, same run (bench/floor.py)", "", disk_floor.table(floor)]
+    if all("cpu_s_per_GB" in c for c in cells):  # runs before thread_cpu.py have none
+        lines += ["", "## CPU seconds per GB, by thread role (bench/thread_cpu.py)", ""]
+        lines += cpu_table(cells)
+    if floor is not None:
+        lines += ["", "## The disk's floor, same run (bench/floor.py)", "", disk_floor.table(floor)]
     return "\n".join(lines) + "\n"
 
 

@@ -18,7 +18,6 @@ EXISTS failed).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import gateways, plugin
+from bench.results import write as write_result
 from tests.support import Gateway, short_tmpdir, wait_for_future
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
@@ -164,7 +164,7 @@ def table(result: dict[str, Any]) -> str:
         "| recovery (gateway log) | recovered | found after | stop took |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in result.items():
+    for name, r in ((name, result[name]) for name in SIGNALS if name in result):
         if "launch_to_first_hit_s" not in r:
             lines.append(f"| SIG{name} | failed: {str(r.get('failed', '?'))[-120:]} ||||||||")
             continue
@@ -200,9 +200,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown signals {sorted(unknown)}; use TERM and/or KILL")
     result = run(args.dir, args.objects, args.object_kb * 1024, signals, args.populate_sync)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m bench.restart", *sys.argv[1:]])
-    args.out.write_text(json.dumps({"command": command, **result}, indent=1))
+    write_result(args.out.with_suffix(""), "restart", {"command": command, **result})
     print(table(result))
     return 0
 

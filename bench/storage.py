@@ -26,7 +26,6 @@ the exit status is then 1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -35,8 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import exists, matrix, restart
+from bench import exists, matrix, matrix_report, restart
 from bench.machine import machine
+from bench.results import write as write_result
 
 SECTIONS = ("throughput", "exists", "restart")
 FULL = {
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.storage", *sys.argv[1:]]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(started)),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S +0000", time.gmtime(started)),
         "machine": machine(args.dir),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "failures": {},
@@ -154,21 +154,17 @@ def _found(result: Any, key: str) -> list[Any]:
 
 
 def write(report: dict[str, Any], out_json: Path, out_md: Path) -> None:
-    out_json.write_text(json.dumps(report, indent=1) + "\n")
-    out_md.write_text(markdown(report))
+    write_result(out_json.with_suffix(""), "storage", report)
 
 
 def markdown(report: dict[str, Any]) -> str:
     machine_info = report["machine"]
     parts = [
-        "# Storage benchmarks",
-        "",
-        f"`{report['command']}` — {report['started']}, commit {machine_info['commit']}, "
         f"{machine_info['cpus']} CPUs, load average {machine_info['loadavg_start'][0]:.2f} at "
         f"start, `{machine_info['dir_filesystem']}`. MB/s = 10^6 bytes/s.",
     ]
     if "throughput" in report:
-        text = matrix.markdown(report["throughput"])
+        text = matrix_report.markdown(report["throughput"])
         parts += ["", *("#" + line if line.startswith("#") else line for line in text.splitlines())]
     if "exists" in report:
         parts += ["", "## EXISTS latency", "", exists.table(report["exists"])]

@@ -3,7 +3,7 @@
     python -m bench.store_start --dir /tmp/ss [--keys 32] [--object-mib 32] [--rounds 20]
 
 On the H200 the slow lookup of a write-through is the first one after each store
-(bench/results/h200/README.md, ``adc2c30/``). This measures the part of a store's start that runs
+(``a7353c1:bench/results/h200/adc2c30/``). This measures the part of a store's start that runs
 in LMCache's process, with the gateway stopped (SIGSTOP) so that neither its work nor the disk's
 takes a CPU: per round, one batch of ``--keys`` objects in a shared-memory L1 is submitted to a
 real ``ADPConnector``, as LMCache's store controller does, and then
@@ -22,11 +22,11 @@ GIL while they copy). Writes OUT.json and OUT.md (``--out``, default bench/resul
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +40,7 @@ from adp_wire.ring.layout import align_up
 from bench import gateways
 from bench.machine import machine
 from bench.plugin import connect, object_keys, wait_connected
+from bench.results import write as write_result
 from lmcache_adp import ADPConnector, ioloop
 from tests.support import Gateway, remove_tree
 
@@ -162,7 +163,11 @@ def main() -> int:
         create=True,
         size=args.keys * align_up(object_bytes),
     )
-    report: dict[str, Any] = {"machine": machine(args.dir), "keys": args.keys}
+    report: dict[str, Any] = {
+        "command": " ".join(["python -m bench.store_start", *sys.argv[1:]]),
+        "machine": machine(args.dir),
+        "keys": args.keys,
+    }
     report["object_bytes"] = object_bytes
     try:
         assert gateways.start(gateway) is None, gateway.log()[-2000:]
@@ -183,9 +188,7 @@ def main() -> int:
         gateway.stop()
         segment.unlink()
         remove_tree(args.dir)
-    stem = RESULTS / args.out
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(report))
+    write_result(RESULTS / args.out, "store_start", report)
     print(markdown(report))
     return 0
 
@@ -193,9 +196,7 @@ def main() -> int:
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
-        "# What the start of a store costs inside LMCache's process (bench/store_start.py)",
-        "",
-        f"Commit {m['commit']}, {m['cpus']} CPUs. One batch of {report['keys']} objects of "
+        f"{m['cpus']} CPUs. One batch of {report['keys']} objects of "
         f"{report['object_bytes'] // 2**20} MiB in a shared-memory L1, submitted to a real "
         "ADPConnector with the gateway stopped; medians over rounds, ms.",
         "",

@@ -8,13 +8,12 @@ request time is the time to first token):
   1. recompute: vLLM without any KV connector;
   2. store: vLLM through LMCacheMPConnector -> lmcache server -> our plugin -> gateway;
   3. restore: vLLM, the lmcache server and the gateway all restarted, then the same prompt.
-Writes bench/results/ttft_restore.json. Needs .venv-e2e (scripts/setup-e2e.sh).
+Writes OUT.json and OUT.md (``--out``). Needs .venv-e2e (scripts/setup-e2e.sh).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results import write as write_result
 from tests.support import Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
 from tests.support.e2e_stack import E2E_BIN, ENV, HERE, Vllm
 
@@ -31,15 +31,16 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/ttft_restore.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/ttft_restore"))
     args = parser.parse_args()
     work = short_tmpdir()
     try:
         result = measure(work, args)
     finally:
         remove_tree(work)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), **result}, indent=1))
-    print(json.dumps(result, indent=1))
+    report = {"command": " ".join(["python -m bench.ttft_restore", *sys.argv[1:]]), **result}
+    write_result(args.out.with_suffix(""), "ttft_restore", report)
+    print(markdown(report))
     return 0
 
 
@@ -117,6 +118,35 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             if "Prefetch request completed" in line or "Retrieved" in line
         ],
     }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The times to first token, recomputed and restored, and the server's log of the restore."""
+    model = report["model"]
+    runs = [("this run", report)]
+    if "earlier_run_same_command" in report:  # kept from the first run, same command and day
+        runs.append(("an earlier run of the same command", report["earlier_run_same_command"]))
+    lines = [
+        f"A random-weight Llama ({model['layers']} layers, hidden {model['hidden']}, "
+        f"{model['heads']} heads, {model['dtype']}: {report['kv_bytes_per_token']:,} bytes of KV "
+        f"per token, {report['kv_bytes_of_prompt'] / 1e6:.0f} MB for the "
+        f"{report['prompt_tokens']:,}-token prompt), real vLLM through `LMCacheMPConnector`. Each "
+        "time to first token in a fresh vLLM process; the restore after vLLM, the lmcache server "
+        "and the gateway all restarted (L1 empty, the gateway reading by O_DIRECT).",
+        "",
+        "| run | recompute s | first run through the connector s | restored s "
+        "| tokens restored | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {label} | {r['ttft_recompute_s']:.1f} | {r['ttft_first_run_with_connector_s']:.1f} "
+        f"| {r['ttft_restore_s']:.1f} | {r['tokens_restored']:,} | {r['speedup']}x |"
+        for label, r in runs
+    ]
+    if report.get("server_log_restore"):
+        lines += ["", "The lmcache server's log of the restore:", ""]
+        lines += [f"- `{line}`" for line in report["server_log_restore"]]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 Redis adapter (`resp`) both, and with Redis alone: does a second L2 slow our lookups?
 
     python -m bench.two_adapters [--prompts 8] [--chunks 4] [--rounds 200] [--passes 3] \
-        [--out bench/results/two_adapters.json]
+        [--out bench/results/two_adapters]
 
 LMCache asks every L2 adapter about every chunk of every lookup, in parallel, and waits for all
 of them, even when L1 holds the whole prompt; so a lookup costs the slower adapter's EXISTS.
@@ -24,20 +24,26 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.results import write as write_result
 from bench.stats import summary_us
 from tests.support import Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
 from tests.support.compat import MultiAdapterServer, RedisServer, TwoAdaptersServer, client
 from tests.support.vllm_client import BLOCK_SIZE, Client, kv_for, pack, tokens_for
 
 SETTINGS = ("adp_alone", "adp_and_redis", "redis_alone")
+SETTING_LABELS = {
+    "adp_alone": "ours alone",
+    "adp_and_redis": "ours and Redis (`configs/two-adapters.sh`)",
+    "redis_alone": "Redis alone",
+}
 
 
 def start_server(
@@ -117,7 +123,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/two_adapters.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/two_adapters"))
     args = parser.parse_args()
     redis_binary = shutil.which("redis-server") or shutil.which("valkey-server")
     if redis_binary is None:
@@ -147,6 +153,7 @@ def main() -> None:
             for case in ("l1_hit", "miss"):
                 del r[case]["samples_ns"]
     report = {
+        "command": " ".join(["python -m bench.two_adapters", *sys.argv[1:]]),
         "redis": redis_binary,
         "prompts": args.prompts,
         "chunks": args.chunks,
@@ -154,14 +161,32 @@ def main() -> None:
         "pooled": pooled,
         "passes": passes,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'setting':<16} {'case':<8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'wrong':>6}")
-    for setting, cases in pooled.items():
-        for case, row in cases.items():
-            print(
-                f"{setting:<16} {case:<8} {row['p50_us'] / 1e3:>8.2f} "
-                f"{row['p90_us'] / 1e3:>8.2f} {row['p99_us'] / 1e3:>8.2f} {row['wrong_hits']:>6}"
-            )
+    write_result(args.out.with_suffix(""), "two_adapters", report)
+    print(markdown(report))
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """Per setting, the pooled p50 / p90 / p99 of a lookup of a prompt in L1 and of a miss."""
+    lines = [
+        f"{report['prompts']} prompts of {report['chunks']} chunks; each sample one vLLM-style "
+        f"lookup from submit to the answer, {report['rounds']} per case, setting and pass, the "
+        f"settings taking turns over {len(report['passes'])} passes (pooled below). Redis: "
+        f"`{report['redis']}`.",
+        "",
+        "| setting | lookup of a prompt in L1: p50 / p90 / p99 ms | of a prompt never stored: "
+        "p50 / p90 / p99 ms | wrong hits |",
+        "|---|---|---|---|",
+    ]
+    for setting, cases in report["pooled"].items():
+        shown = [
+            " / ".join(f"{cases[case][f'{p}_us'] / 1e3:.2f}" for p in ("p50", "p90", "p99"))
+            for case in ("l1_hit", "miss")
+        ]
+        wrong = sum(cases[case]["wrong_hits"] for case in ("l1_hit", "miss"))
+        lines.append(
+            f"| {SETTING_LABELS.get(setting, setting)} | {shown[0]} | {shown[1]} | {wrong} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ Writes bench/results/zero_copy.json and zero_copy.md.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import select
-import subprocess
+import sys
 import time
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 from adp_wire.ring.layout import align_up
 from bench import gateways
 from bench.plugin import connect, object_keys, wait_connected
+from bench.results import write as write_result
 from lmcache_adp import ADPConnector
 from tests.support import Gateway, remove_tree
 
@@ -46,7 +46,9 @@ def main() -> int:
     parser.add_argument("--objects", type=int, default=32)
     parser.add_argument("--object-mib", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "zero_copy", help="path without extension"
+    )
     args = parser.parse_args()
     object_bytes = args.object_mib * 2**20
     remove_tree(args.dir)
@@ -72,9 +74,7 @@ def main() -> int:
         segment.unlink()
         remove_tree(args.dir)
     report = {
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "command": " ".join(["python -m bench.zero_copy", *sys.argv[1:]]),
         "objects": args.objects,
         "object_bytes": object_bytes,
         "rounds": args.rounds,
@@ -82,9 +82,7 @@ def main() -> int:
         "rows": rows,
         "summary": summarize(rows),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "zero_copy.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "zero_copy.md").write_text(markdown(report))
+    write_result(args.out, "zero_copy", report)
     print(markdown(report))
     return 0
 
@@ -184,11 +182,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "# Zero-copy vs the copy path",
-        "",
-        f"Commit {report['commit']}; {report['objects']} objects of "
-        f"{report['object_bytes'] // 2**20} MiB per path and round, {report['rounds']} rounds "
-        f"(medians), sync: {report['sync']}; `python -m bench.zero_copy`.",
+        f"{report['objects']} objects of {report['object_bytes'] // 2**20} MiB per path and "
+        f"round, {report['rounds']} rounds (medians), sync: {report['sync']}.",
         "",
         "| op | path | GB/s | plugin CPU s/GB | gateway CPU s/GB |",
         "|---|---|---|---|---|",

@@ -15,8 +15,8 @@
 # straight from it (configs/lmcache-server.sh says why); --private-l1 keeps it private memory.
 # --huge-pages (root) lets the sessions' shared memory have huge pages, by setting the host's
 #   /sys/kernel/mm/transparent_hugepage/shmem_enabled from `never` to `advise` (only memory that
-#   asks for them gets them). On a 2-core VM it took 4 and 32 MiB stores from about 0.6x to 0.9x
-#   of fio's best write (bench/results/hugepages/; docs/operations.md, "Huge pages").
+#   asks for them gets them). On a 2-core VM it took 4 and 32 MiB stores from 0.40-0.55x to
+#   0.69-0.89x of fio's best write (bench/results/matrix-vm.md, matrix-hugepages-vm.md).
 #
 # Both processes' output goes to the terminal and to a log directory under $TMPDIR (else /tmp),
 # which a clean stop removes. Once both serve (the server answers on its ports) it prints a ready

@@ -1,7 +1,9 @@
 """Goal: what the docs state about the code is what the code does, where a statement can be
 checked without running a stack (tests/integration/test_serve_script.py and
 test_dashboard.py check the running ones): defaults, versions, ports and names. And no tracked
-file points outside the repository, where a reader of a clone cannot follow."""
+file points outside the repository, where a reader of a clone cannot follow, and every result
+the README and docs/ cite is in bench/results/ (tests/unit/test_bench_results.py checks that
+each one is as its JSON renders it)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from adp_wire.ring.layout import LAYOUT_VERSION
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
+# A path into bench/results/, unless it is one of git's, `COMMIT:bench/results/...`: a result
+# that has left the tree and that git keeps.
+RESULT_PATH = re.compile(r"(?<![0-9a-f]:)bench/results/[\w./-]*")
 # Paths into the workspace this project is developed in, which no clone has; written in two
 # pieces so that this file does not name them itself.
 OUTSIDE = [piece.replace("|", "") for piece in ("../sha|red", "/wo|rk/", "sha|red/reference")]
@@ -83,3 +88,27 @@ def test_every_dependency_is_named_where_the_install_is_described() -> None:
     names = [re.split(r"[<>=!~ ;\[]", requirement)[0] for requirement in dependencies]
     install = OPERATIONS[OPERATIONS.index("The package declares") :][:600]
     assert [name for name in names if f"`{name}" not in install] == []
+
+
+def missing_results(text: str) -> list[str]:
+    """The bench/results/ paths that ``text`` names and the checkout lacks."""
+    named = {path.rstrip(".") for path in RESULT_PATH.findall(text)}
+    return sorted(path for path in named if not (ROOT / path).exists())
+
+
+def test_every_result_the_readme_and_docs_cite_is_in_bench_results() -> None:
+    cited = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = {p.name: m for p in cited if (m := missing_results(p.read_text()))}
+    # A result replaced by a newer run: cite the new file, or drop the figure it gave.
+    assert missing == {}
+    assert "bench/results/matrix-vm.md" in README  # the README's tables cite the results
+    assert missing_results("see bench/results/matrix-full.md.") == ["bench/results/matrix-full.md"]
+    assert missing_results("in `a7353c1:bench/results/h200/README.md`") == []  # kept by git
+
+
+def test_the_readme_first_screen_names_no_commit() -> None:
+    """Its first screen is what the product is and how to run it; commits belong to results."""
+    first_screen = "\n".join(README.splitlines()[:60])
+    assert "scripts/serve.sh" in first_screen and "vllm serve" in first_screen
+    assert re.findall(r"\b[0-9a-f]{7,40}\b", first_screen) == []
+    assert re.findall(r"\b[0-9a-f]{7,40}\b", "at commit 50d1588") == ["50d1588"]
