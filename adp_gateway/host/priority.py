@@ -11,7 +11,7 @@ Where the kernel compares the gateway with LMCache decides what has to change:
   nice value then counts only within its group. So a gateway that leads its session also gives
   its autogroup that nice value (``/proc/self/autogroup``). Measured on a 2-core VM: a lookup
   that wakes while a gateway thread checksums a store waited up to 6 ms for its CPU when the
-  groups weighed the same (bench/results/cpu-nice-vm/).
+  groups weighed the same (``git show a7353c1:bench/results/cpu-nice-vm/``).
 - In cgroups with the cpu controller (containers, systemd units with CPU settings): the cgroups'
   weights, which only the deployment sets (``docker run --cpu-shares``, a pod's CPU request;
   deploy/docker/README.md).
@@ -22,8 +22,8 @@ autogroup's can):
 
 - while loads run or wait, and for ``LINGER_S`` after the last: LMCache is waiting for them,
   not competing with them. On the 2-core VM a 2 GB restore took about 10% longer at nice 19
-  than at nice 0 without this (bench/results/cpu-nice-vm/), and as long with it
-  (bench/results/load-boost-vm/);
+  than at nice 0 without this (``git show a7353c1:bench/results/cpu-nice-vm/``), and as long
+  with it (``git show a7353c1:bench/results/load-boost-vm/``);
 - while a store has waited longer than ``STORE_PATIENCE_S``: a gateway at nice 19 that any
   busier process outweighs would otherwise let stores it could take wait until their
   deadline and fail (on the 2-core VM, with the harness of ``lmcache bench l2`` spinning its

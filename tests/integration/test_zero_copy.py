@@ -369,7 +369,7 @@ def test_a_session_whose_zero_copy_write_is_stuck_in_the_kernel_still_closes(
         first.close()  # waits op_timeout_s for the gateway's EOF, then closes anyway
         wait_until(lambda: "closed:" in gateway.log(), 10, "the first session to close")
         second = plugin(gateway)  # the one place under max_sessions is free again
-        assert "still being written from the client's L1" in gateway.log()
+        assert "still being read from the client's L1" in gateway.log()
         second.close()
     finally:
         gateway.kill()

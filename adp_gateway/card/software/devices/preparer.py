@@ -3,9 +3,10 @@
 A database file is preallocated with posix_fallocate, which leaves its blocks unwritten (and a
 thin-provisioned virtual disk has not even allocated them): the first write to each block
 pays for the allocation or the extent conversion, which on the project's VM made a first lap
-over a new file ~20 % slower than every lap after it (bench/results/README.md). LMCache's
-fs_native pays that on every store, as it writes each object to a new file; a log that is
-written once in advance pays it never again, as it only ever overwrites.
+over a new file ~20 % slower than every lap after it (the fio floor's "first lap" line in
+bench/results/matrix-hugepages-vm.md). LMCache's fs_native pays that on every store, as it
+writes each object to a new file; a log that is written once in advance pays it never again,
+as it only ever overwrites.
 
 So the preparer writes zeros over free regions that still hold unwritten blocks (the file
 device reports them, filedevice.py), one chunk at a time, only while the
