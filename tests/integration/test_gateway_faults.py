@@ -184,7 +184,8 @@ def test_a_corrupted_byte_is_a_logged_miss_and_check_names_it(faulty: FaultyGate
     client.close()
     faulty.stop()
     report = check_disk(faulty)
-    assert report.startswith("exit 1") and f"{victim} fragment 0: payload fails" in report
+    assert report.startswith("exit 1"), report
+    assert f"{victim} fragment 0 (version 1): payload fails" in report, report
 
 
 def test_a_stop_with_a_write_stuck_in_the_kernel_ends_on_time_and_leaves_the_data_readable(

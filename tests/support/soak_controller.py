@@ -53,7 +53,10 @@ FREE_TIMEOUT_S = 10.0  # then its fds and mappings are back (in-flight I/O may h
 RECLAIM_LINE = "reclaimed database"
 VERIFY_MISS_LINE = "is not what the index says"  # a load raced its region's reuse: a miss
 NOT_OPS = ("client_kills", "gateway_kills", "records_checked")  # the other counts in stats
-CONNECTED = re.compile(r"session \d+ \(.*\) connected( \(zero-copy to its L1\))?$", re.MULTILINE)
+CONNECTED = re.compile(
+    r"session \d+ \(.*\) connected( \((zero-copy to its L1|remote copy from its memory)\))?$",
+    re.MULTILINE,
+)
 CLOSED = re.compile(r"session \d+ \(.*\) closed: ", re.MULTILINE)
 
 
