@@ -18,6 +18,7 @@ from adp_gateway.card.software.regions import Location
 from adp_gateway.config import GatewayConfig
 from adp_gateway.objects.catalog import Catalog
 from adp_gateway.objects.store import ObjectStore
+from adp_gateway.policy.victims import Ranking
 from adp_wire.ring.layout import align_up
 
 REGION = 256 * 2**10
@@ -35,10 +36,13 @@ def open_card(
     sync: bool = True,
     pools: Pools | None = None,
     holdings: Holdings = NO_HOLDINGS,
+    ranking: Ranking = Ranking.SCAN_RESISTANT,
 ) -> SoftwareCard:
-    """A software card over ``devices``, not yet recovered."""
+    """A software card over ``devices``, not yet recovered, evicting as ``ranking`` says."""
     holder: list[SoftwareCard] = []
-    region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools)
+    region_log = RegionLog(
+        devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools, ranking=ranking
+    )
     card = SoftwareCard(region_log, FRAGMENT, sync=sync, holdings=holdings)
     holder.append(card)
     return card

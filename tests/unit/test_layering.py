@@ -35,6 +35,11 @@ GATEWAY_LAYERS = [
         "adp_gateway.priority",
         "adp_gateway.summary",
         "adp_gateway.objects.names",
+        # Policies decide and do no I/O: the gateway and bench/trace_sim.py run them alike.
+        "adp_gateway.policy.sightings",
+        "adp_gateway.policy.budget",
+        "adp_gateway.policy.pressure",
+        "adp_gateway.policy.victims",
     },
     {
         "adp_gateway.metrics",
@@ -57,7 +62,7 @@ GATEWAY_LAYERS = [
     },
     # The card seam: the key-value surface every card implements; the object store above
     # (adp_gateway.objects) talks only to it, and the loader picks the card.
-    {"adp_gateway.card.base"},
+    {"adp_gateway.card.base", "adp_gateway.policy.admission"},
     # The software card, one module per concern (docs/design.md, "The card seam").
     {"adp_gateway.card.software.regions"},
     {
@@ -93,6 +98,7 @@ PACKAGES = {
     "adp_gateway.card.software",
     "adp_gateway.card.software.devices",
     "adp_gateway.objects",
+    "adp_gateway.policy",
 }
 
 

@@ -30,6 +30,7 @@ from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.values import ValueIO, intact
 from adp_gateway.config import GatewayConfig, region_quotas
 from adp_gateway.format import RecordHeader
+from adp_gateway.policy.victims import Ranking
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,9 @@ class SoftwareCard(Card):
             self._log.prepare_in_background()
         return found
 
+    def eviction_age_s(self) -> float | None:
+        return self._log.eviction_age_s()
+
     def sync_all(self) -> None:
         """Make every write so far durable on every database."""
         self._log.sync(set(range(self._log.databases)))
@@ -205,6 +209,7 @@ def _open(config: GatewayConfig, context: CardContext) -> SoftwareCard:
         lambda *region: holder[0].on_reclaim(*region),
         Pools(region_quotas(config)),
         durable_fillings=config.sync != "none",
+        ranking=Ranking(config.eviction),
     )
     card = SoftwareCard(
         region_log,

@@ -1,0 +1,199 @@
+"""Admission: which stores the gateway writes to the drive.
+
+A persistent tier is worth what it hits per byte it writes. By default every store is written
+while the drive's write budget holds (budget.py: a bucket of a day's worth of the budget), so a
+prompt seen once is on the drive after a restart. Admission declines a store only when one of two
+things says it would cost a write for little:
+
+- the budget: once the bucket is below a quarter full, it raises the bar with the bucket's
+  fall, so that the writes it lets through match the rate it refills at, and keeps the stores
+  likelier to be read again;
+- the card's pressure: when the card is full and evicting, and an object lately lasted there
+  less long than most keys take to come back (``ReuseGaps``), an object seen for the first time
+  would mostly be evicted unread, and such stores are declined in the measure of it.
+
+Both rank a store by how often its key was seen before (the ``SightingRecord``: loads that hit,
+and stores, count), so the bar is a number: a store is written when ``seen_before + 1 - d``
+exceeds it. A bar of 0 writes everything; 1 writes only keys seen before ("second sighting");
+0.5 also keys never seen before, half of the time. ``d`` goes from 0 to 1 over every
+``DITHER_PERIOD_S``, so what a fractional bar admits is the stores of part of each period: a
+prompt's stores, which arrive together, are admitted or declined together. (A share of keys
+chosen by hash would admit some of a prompt's new blocks and not others, and LMCache reads a
+prompt's blocks only up to the first it misses: on the production trace that cost a third of
+the hits.) Along a prompt, keys are seen no less often than those after them, so a bar on how
+often splits a prompt only where what follows is worth less anyway. A store of a key the store
+holds already only counts as a sighting.
+
+A declined store is reported to LMCache as done: for a cache that is a store followed at once
+by an eviction. The gateway counts both kinds (``statistics``).
+
+On the project's production trace, pressure admission with the scan-resistant eviction of
+victims.py hits more than LRU or second sighting alone at most capacities
+(bench/results/trace-replay-*.md); ``bench/trace_sim.py`` runs this very class.
+
+Thread-safe: the session threads (stores) and the I/O threads (load hits) call it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from adp_gateway.policy.budget import SECONDS_PER_DAY, WriteBudget, parse_write_budget
+from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
+
+if TYPE_CHECKING:
+    from adp_gateway.config import GatewayConfig
+
+BAR_MAX = 4.0  # the budget's highest bar: only keys seen four times or more
+BUDGET_LOW_LEVEL = 0.25  # the bucket level below which the budget raises the bar
+# Under pressure: first sightings are all written while the card keeps objects long enough for
+# KEEP_ALL of keys to come back, none below KEEP_NONE, a share in between.
+KEEP_ALL = 0.75
+KEEP_NONE = 0.5
+GAPS_KNOWN_MIN = 64.0  # fewer gaps than this say too little: no pressure bar
+DITHER_PERIOD_S = 1.0
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    enabled: bool = True  # False: write every store (no record, no budget)
+    write_budget_bytes_per_s: float | None = None  # None: no budget
+    burst_s: float = SECONDS_PER_DAY  # the bucket holds this many seconds of the budget
+    record_keys: int = 1 << 20  # the distinct keys the sighting record keeps
+    bar_floor: float = 0.0  # the lowest bar: 1 holds it at second sighting (for weighing it)
+
+
+def settings_for(config: GatewayConfig) -> AdmissionSettings:
+    """The config's admission (its capacity resolved): the budget's rate, and a record of
+    eight keys per fragment the card can hold (an object is a fragment or more)."""
+    assert config.capacity is not None
+    return AdmissionSettings(
+        enabled=config.admission,
+        write_budget_bytes_per_s=parse_write_budget(config.write_budget, config.capacity),
+        burst_s=config.write_budget_burst_s,
+        record_keys=8 * config.capacity // config.fragment_size,
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionStatistics:
+    enabled: bool
+    admitted: int
+    declined: int
+    admitted_bytes: int
+    declined_bytes: int
+    declined_for_budget: int  # declined because the bucket could not pay for them
+    bar: float  # the last store's bar (0: everything admitted)
+    write_budget_bytes_per_s: float | None
+    budget_level: float | None  # 0 (empty) to 1 (full); None without a budget
+    eviction_age_s: float | None
+
+
+class Admission:
+    def __init__(self, settings: AdmissionSettings, now_s: float) -> None:
+        self.settings = settings
+        self._record = SightingRecord(settings.record_keys)
+        self._gaps = ReuseGaps()
+        self._budget: WriteBudget | None = None
+        rate = settings.write_budget_bytes_per_s
+        if settings.enabled and rate is not None:
+            self._budget = WriteBudget(rate, rate * settings.burst_s, now_s)
+        self._lock = threading.Lock()
+        self._admitted = self._declined = self._for_budget = 0
+        self._admitted_bytes = self._declined_bytes = 0
+        self._bar = 0.0
+        self._eviction_age_s: float | None = None
+
+    def admit(
+        self,
+        fingerprint: int,
+        nbytes: int,
+        now_s: float,
+        eviction_age_s: float | None,
+        held: bool = False,
+    ) -> bool:
+        """Whether to write this store of ``nbytes``. ``eviction_age_s``: how long objects
+        lately lasted on the card before eviction (pressure.py), None while it is not evicting;
+        ``held``: the store holds the key already (nothing will be written)."""
+        if not self.settings.enabled:
+            return self._count(True, nbytes)
+        with self._lock:
+            seen_before, gap_s = self._record.sight(fingerprint, now_s)
+            if seen_before == 1:
+                self._gaps.add(gap_s)
+            if held:
+                return True
+            self._eviction_age_s = eviction_age_s
+            self._bar = max(
+                self.settings.bar_floor,
+                self._pressure_bar(eviction_age_s),
+                self._budget_bar(now_s),
+            )
+            rank = seen_before + 1 - _dither(now_s)
+            if rank <= self._bar:
+                return self._count_locked(False, nbytes)
+            if self._budget is not None and not self._budget.take(nbytes, now_s):
+                self._for_budget += 1
+                return self._count_locked(False, nbytes)
+            return self._count_locked(True, nbytes)
+
+    def sighted(self, fingerprint: int, now_s: float) -> None:
+        """The key was read (a load hit): one more sighting."""
+        if not self.settings.enabled:
+            return
+        with self._lock:
+            seen_before, gap_s = self._record.sight(fingerprint, now_s)
+            if seen_before == 1:
+                self._gaps.add(gap_s)
+
+    def statistics(self, now_s: float) -> AdmissionStatistics:
+        with self._lock:
+            budget = self._budget
+            return AdmissionStatistics(
+                enabled=self.settings.enabled,
+                admitted=self._admitted,
+                declined=self._declined,
+                admitted_bytes=self._admitted_bytes,
+                declined_bytes=self._declined_bytes,
+                declined_for_budget=self._for_budget,
+                bar=self._bar,
+                write_budget_bytes_per_s=budget.rate_bytes_per_s if budget else None,
+                budget_level=budget.level(now_s) if budget else None,
+                eviction_age_s=self._eviction_age_s,
+            )
+
+    def _pressure_bar(self, eviction_age_s: float | None) -> float:
+        """0 while the card keeps objects long enough for KEEP_ALL of keys to come back (or
+        is not evicting), 1 (second sighting) when not even for KEEP_NONE, in between else."""
+        if eviction_age_s is None or self._gaps.known < GAPS_KNOWN_MIN:
+            return 0.0
+        kept = self._gaps.share_within(eviction_age_s)
+        return min(1.0, max(0.0, (KEEP_ALL - kept) / (KEEP_ALL - KEEP_NONE)))
+
+    def _budget_bar(self, now_s: float) -> float:
+        """0 while the bucket is at least BUDGET_LOW_LEVEL full, rising to BAR_MAX as it
+        empties: the writes it lets through settle where they match the budget."""
+        if self._budget is None:
+            return 0.0
+        level = self._budget.level(now_s)
+        return BAR_MAX * min(1.0, max(0.0, (BUDGET_LOW_LEVEL - level) / BUDGET_LOW_LEVEL))
+
+    def _count(self, admitted: bool, nbytes: int) -> bool:
+        with self._lock:
+            return self._count_locked(admitted, nbytes)
+
+    def _count_locked(self, admitted: bool, nbytes: int) -> bool:
+        if admitted:
+            self._admitted += 1
+            self._admitted_bytes += nbytes
+        else:
+            self._declined += 1
+            self._declined_bytes += nbytes
+        return admitted
+
+
+def _dither(now_s: float) -> float:
+    """Where in its period ``now_s`` lies, from 0 to 1."""
+    return (now_s / DITHER_PERIOD_S) % 1.0
