@@ -5,9 +5,10 @@ while the drive's write budget holds (budget.py: a bucket of a day's worth of th
 prompt seen once is on the drive after a restart. Admission declines a store only when one of two
 things says it would cost a write for little:
 
-- the budget: once the bucket is below a quarter full, it raises the bar with the bucket's
-  fall, so that the writes it lets through match the rate it refills at, and keeps the stores
-  likelier to be read again;
+- the budget: once the bucket is below half full, it sets the bar so that the stores of late
+  that it would let through come to the budget's rate (at a quarter full; more above, less
+  below), the stores likelier to be read again first (CacheLib's flash cache holds a target
+  write rate the same way, with a rate of admission rather than a rank);
 - the card's pressure: when the card is full and evicting, and an object lately lasted there
   less long than most keys take to come back (``ReuseGaps``), an object seen for the first time
   would mostly be evicted unread, and such stores are declined in the measure of it.
@@ -40,18 +41,25 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from adp_gateway.policy.budget import SECONDS_PER_DAY, WriteBudget, parse_write_budget
+from adp_gateway.policy.budget import (
+    SECONDS_PER_DAY,
+    RankDemand,
+    WriteBudget,
+    parse_write_budget,
+)
 from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
 
 if TYPE_CHECKING:
     from adp_gateway.config import GatewayConfig
 
-BAR_MAX = 4.0  # the budget's highest bar: only keys seen four times or more
-BUDGET_LOW_LEVEL = 0.25  # the bucket level below which the budget raises the bar
+RANKS = 5  # the budget ranks stores by how often seen before: 0, 1, 2, 3, 4 or more
+BUDGET_FREE_LEVEL = 0.5  # above this level of its bucket, the budget admits everything
+BUDGET_TARGET_LEVEL = 0.25  # the level at which it lets through just its rate
+DEMAND_WINDOW_S = 60.0  # how far back the demand by rank looks (at most the bucket)
 # Under pressure: first sightings are all written while the card keeps objects long enough for
 # KEEP_ALL of keys to come back, none below KEEP_NONE, a share in between.
-KEEP_ALL = 0.75
-KEEP_NONE = 0.5
+KEEP_ALL = 0.8
+KEEP_NONE = 0.7
 GAPS_KNOWN_MIN = 64.0  # fewer gaps than this say too little: no pressure bar
 DITHER_PERIOD_S = 1.0
 
@@ -100,6 +108,7 @@ class Admission:
         rate = settings.write_budget_bytes_per_s
         if settings.enabled and rate is not None:
             self._budget = WriteBudget(rate, rate * settings.burst_s, now_s)
+        self._demand = RankDemand(RANKS, min(DEMAND_WINDOW_S, settings.burst_s))
         self._lock = threading.Lock()
         self._admitted = self._declined = self._for_budget = 0
         self._admitted_bytes = self._declined_bytes = 0
@@ -126,6 +135,7 @@ class Admission:
             if held:
                 return True
             self._eviction_age_s = eviction_age_s
+            self._demand.add(seen_before, nbytes, now_s)
             self._bar = max(
                 self.settings.bar_floor,
                 self._pressure_bar(eviction_age_s),
@@ -173,12 +183,15 @@ class Admission:
         return min(1.0, max(0.0, (KEEP_ALL - kept) / (KEEP_ALL - KEEP_NONE)))
 
     def _budget_bar(self, now_s: float) -> float:
-        """0 while the bucket is at least BUDGET_LOW_LEVEL full, rising to BAR_MAX as it
-        empties: the writes it lets through settle where they match the budget."""
+        """0 while the bucket is at least BUDGET_FREE_LEVEL full; below, the bar that lets
+        through the stores of late up to the budget's rate times the level over
+        BUDGET_TARGET_LEVEL, so the bucket settles near that level."""
         if self._budget is None:
             return 0.0
         level = self._budget.level(now_s)
-        return BAR_MAX * min(1.0, max(0.0, (BUDGET_LOW_LEVEL - level) / BUDGET_LOW_LEVEL))
+        if level >= BUDGET_FREE_LEVEL:
+            return 0.0
+        return self._demand.bar_for(self._budget.rate_bytes_per_s * level / BUDGET_TARGET_LEVEL)
 
     def _count(self, admitted: bool, nbytes: int) -> bool:
         with self._lock:

@@ -11,7 +11,10 @@ Not thread-safe: admission holds its own lock around it.
 
 from __future__ import annotations
 
+import math
 import re
+
+import numpy as np
 
 from adp_wire.errors import ConfigError
 from adp_wire.units import parse_size
@@ -71,3 +74,34 @@ class WriteBudget:
             return False
         self._tokens -= nbytes
         return True
+
+
+class RankDemand:
+    """How many bytes per second of stores arrive lately, by rank (how often their key was seen
+    before: 0 to ``ranks - 1``, the last also counting keys seen more often), as running rates
+    over about ``window_s``; and from them the bar that lets through a given rate, the
+    highest ranks first."""
+
+    def __init__(self, ranks: int, window_s: float) -> None:
+        assert ranks > 0 and window_s > 0
+        self._rates = np.zeros(ranks, np.float64)
+        self._window_s = window_s
+        self._last_s: float | None = None
+
+    def add(self, rank: int, nbytes: int, now_s: float) -> None:
+        if self._last_s is not None and now_s > self._last_s:
+            self._rates *= math.exp(-(now_s - self._last_s) / self._window_s)
+        self._last_s = now_s if self._last_s is None else max(self._last_s, now_s)
+        self._rates[min(rank, len(self._rates) - 1)] += nbytes / self._window_s
+
+    def bar_for(self, rate_bytes_per_s: float) -> float:
+        """The lowest bar (admission.py) under which the stores admitted come to at most
+        ``rate_bytes_per_s``: every rank above it, and a share of the rank it falls in."""
+        above = 0.0
+        for rank in reversed(range(len(self._rates))):
+            demand = float(self._rates[rank])
+            if above + demand > rate_bytes_per_s:
+                share = max(0.0, rate_bytes_per_s - above) / demand
+                return rank + 1 - share
+            above += demand
+        return 0.0

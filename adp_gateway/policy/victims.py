@@ -16,18 +16,22 @@ every capacity but the largest, where it lost 0.1 % of the references
 (bench/results/trace-replay-*.md).
 
 The ranking takes arrays, one entry per candidate region, so that ``bench/trace_sim.py`` runs
-the same code over thousands of regions per eviction; the card builds them from its regions.
-Clocks are logical (a counter of writes and reads), never below 0 nor above 2**48.
+the same code; the card builds them from its regions. Clocks are logical (a counter of writes
+and reads), never below 0 nor above 2**48. A database of more than ``SAMPLE_REGIONS`` regions
+is ranked over that many of them taken at random (``sample``), as Redis approximates LRU: a
+Python pass over 120,000 regions (a 7.68 TB drive in 64 MiB regions) cost 50 ms per eviction.
 """
 
 from __future__ import annotations
 
+import random
 from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
-UNREAD_OLDEST_SHARE = 0.3
+UNREAD_OLDEST_SHARE = 0.2
+SAMPLE_REGIONS = 2048
 _NOT_UNREAD = np.int64(1 << 49)  # ranks after every unread old region
 _LIVE = np.int64(1 << 50)  # ranks after every empty region
 
@@ -57,3 +61,11 @@ def choose_victim(
         unread_old = (reads == 0) & (filled_at < cutoff)
         score = score + _NOT_UNREAD * ~unread_old
     return int(np.argmin(score))
+
+
+def sample(count: int, rng: random.Random) -> list[int] | None:
+    """Which of ``count`` candidates to rank: None (all of them) up to SAMPLE_REGIONS, else
+    that many at random."""
+    if count <= SAMPLE_REGIONS:
+        return None
+    return rng.sample(range(count), SAMPLE_REGIONS)

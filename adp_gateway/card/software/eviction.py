@@ -40,8 +40,13 @@ def choose_victim(state: LogState, db: Database, pools: set[str], wanted_by: str
             f"{'tenant ' + repr(wanted_by) if wanted_by else 'the shared pool'}; every one it "
             "may take has reads or writes in flight"
         )
-    columns = np.array([(r.live, r.last_access, r.filled_at, r.reads) for r in idle], np.int64)
-    region = idle[victims.choose_victim(state.ranking, *columns.T)]
+    empty = [r for r in idle if r.live == 0]  # whatever the sample, these go first
+    picked = victims.sample(len(idle), state.sampling)
+    candidates = empty or (idle if picked is None else [idle[i] for i in picked])
+    columns = np.array(
+        [(r.live, r.last_access, r.filled_at, r.reads) for r in candidates], np.int64
+    )
+    region = candidates[victims.choose_victim(state.ranking, *columns.T)]
     if region.last_access_s:  # known: not a region recovered at start-up and unused since
         now_s = time.monotonic()
         state.evictions.evicted(now_s - region.last_access_s, now_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import secrets
 import threading
 import time
@@ -186,6 +187,7 @@ class LogState:
     durable_fillings: bool = True
     ranking: Ranking = Ranking.SCAN_RESISTANT  # which region eviction takes (eviction.py)
     evictions: EvictionAges = field(default_factory=EvictionAges)  # how long regions lasted
+    sampling: random.Random = field(default_factory=lambda: random.Random(0))  # eviction.py
 
     def __post_init__(self) -> None:
         self.started = threading.Condition(self.lock)
