@@ -21,8 +21,9 @@ Policies:
   gateway before admission existed); ``ours`` is the gateway's default (admission under
   pressure, scan-resistant eviction); ``ours-lru`` the same admission with LRU eviction;
   ``gateway-ss`` the gateway's admission held at second sighting (its bounded record);
-  ``prefix-aware`` is ``ours`` told, from the trace, which regions hold only blocks whose
-  prefix is gone (worth nothing: no request can reach them), and evicting those first;
+  ``prefix-aware`` is ``ours`` told, from the trace, which of the 64 least recently used
+  regions hold only blocks whose prefix is gone (worth nothing: no request can reach them),
+  and evicting one of those first (an oracle: the gateway cannot tell a key's prefix);
 - ``ours-budget``: ``ours`` with a write budget of ``--budget-share`` of ``region-lru``'s write
   rate at that capacity, in a bucket of ``--burst-s`` seconds of it (5 % of the trace's time).
 
@@ -216,8 +217,9 @@ class RegionCache:
         picked = sample(len(sealed), self.random)
         if picked is not None:
             sealed = sealed[picked]
-        if self.prefer is not None:
-            dead = sealed[self.prefer(sealed)]
+        if self.prefer is not None:  # among the 64 least recently used, only dead ones
+            oldest = sealed[np.argsort(self.last_access[sealed])[:64]]
+            dead = oldest[self.prefer(oldest)]
             if dead.size:
                 sealed = dead
         pick = choose_victim(
