@@ -34,6 +34,7 @@ Policies:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import itertools
 import json
@@ -312,13 +313,15 @@ def run_policy(
     capacity = max(1, int(trace.distinct * percent / 100))
     started = time.monotonic()
     budget: float | None = None
-    record = 8 * capacity
+    # As the gateway sizes its admission (admission.settings_for): a record of eight keys per
+    # object the card holds, and its capacity.
+    on = AdmissionSettings(record_keys=8 * capacity, capacity_bytes=capacity * block_bytes)
     gateway = {
         "region-lru": (Ranking.LRU, AdmissionSettings(enabled=False)),
-        "ours": (Ranking.SCAN_RESISTANT, AdmissionSettings(record_keys=record)),
-        "ours-lru": (Ranking.LRU, AdmissionSettings(record_keys=record)),
-        "gateway-ss": (Ranking.LRU, AdmissionSettings(record_keys=record, bar_floor=1.0)),
-        "prefix-aware": (Ranking.SCAN_RESISTANT, AdmissionSettings(record_keys=record)),
+        "ours": (Ranking.SCAN_RESISTANT, on),
+        "ours-lru": (Ranking.LRU, on),
+        "gateway-ss": (Ranking.LRU, dataclasses.replace(on, bar_floor=1.0)),
+        "prefix-aware": (Ranking.SCAN_RESISTANT, on),
     }
     if policy == "lru":
         hits, writes = replay_lru(trace, capacity)
@@ -329,9 +332,7 @@ def run_policy(
     elif policy == "ours-budget":
         assert write_everything_bytes is not None
         budget = budget_share * write_everything_bytes / max(trace.duration_s, 1e-9)
-        settings = AdmissionSettings(
-            write_budget_bytes_per_s=budget, burst_s=burst_s, record_keys=record
-        )
+        settings = dataclasses.replace(on, write_budget_bytes_per_s=budget, burst_s=burst_s)
         hits, writes = replay_gateway(
             trace, capacity, blocks_per_region, Ranking.SCAN_RESISTANT, settings, block_bytes
         )

@@ -9,9 +9,12 @@ things says it would cost a write for little:
   that it would let through come to the budget's rate (at a quarter full; more above, less
   below), the stores likelier to be read again first (CacheLib's flash cache holds a target
   write rate the same way, with a rate of admission rather than a rank);
-- the card's pressure: when the card is full and evicting, and an object lately lasted there
-  less long than most keys take to come back (``ReuseGaps``), an object seen for the first time
-  would mostly be evicted unread, and such stores are declined in the measure of it.
+- the card's pressure: when the card is full and evicting (pressure.py), and objects would
+  last there less long than most keys take to come back (``ReuseGaps``) were every store
+  written, an object seen for the first time would mostly be evicted unread, and such stores
+  are declined in the measure of it. How long objects would last is the card's capacity over
+  the stores' recent rate, not the eviction age the card reports: that age grows as admission
+  declines, and judged on it admission would settle halfway, whatever the traffic.
 
 Both rank a store by how often its key was seen before (the ``SightingRecord``: loads that hit,
 and stores, count), so the bar is a number: a store is written when ``seen_before + 1 - d``
@@ -37,6 +40,7 @@ Thread-safe: the session threads (stores) and the I/O threads (load hits) call i
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,8 +62,8 @@ BUDGET_TARGET_LEVEL = 0.25  # the level at which it lets through just its rate
 DEMAND_WINDOW_S = 60.0  # how far back the demand by rank looks (at most the bucket)
 # Under pressure: first sightings are all written while the card keeps objects long enough for
 # KEEP_ALL of keys to come back, none below KEEP_NONE, a share in between.
-KEEP_ALL = 0.8
-KEEP_NONE = 0.7
+KEEP_ALL = 0.65
+KEEP_NONE = 0.55
 GAPS_KNOWN_MIN = 64.0  # fewer gaps than this say too little: no pressure bar
 DITHER_PERIOD_S = 1.0
 
@@ -71,6 +75,7 @@ class AdmissionSettings:
     burst_s: float = SECONDS_PER_DAY  # the bucket holds this many seconds of the budget
     record_keys: int = 1 << 20  # the distinct keys the sighting record keeps
     bar_floor: float = 0.0  # the lowest bar: 1 holds it at second sighting (for weighing it)
+    capacity_bytes: int | None = None  # the card's; None: no pressure admission
 
 
 def settings_for(config: GatewayConfig) -> AdmissionSettings:
@@ -82,6 +87,7 @@ def settings_for(config: GatewayConfig) -> AdmissionSettings:
         write_budget_bytes_per_s=parse_write_budget(config.write_budget, config.capacity),
         burst_s=config.write_budget_burst_s,
         record_keys=8 * config.capacity // config.fragment_size,
+        capacity_bytes=config.capacity,
     )
 
 
@@ -175,11 +181,14 @@ class Admission:
             )
 
     def _pressure_bar(self, eviction_age_s: float | None) -> float:
-        """0 while the card keeps objects long enough for KEEP_ALL of keys to come back (or
-        is not evicting), 1 (second sighting) when not even for KEEP_NONE, in between else."""
-        if eviction_age_s is None or self._gaps.known < GAPS_KNOWN_MIN:
+        """0 while the card is not evicting, or would keep objects, every store written, long
+        enough for KEEP_ALL of keys to come back; 1 (second sighting) when not even for
+        KEEP_NONE; in between else."""
+        capacity = self.settings.capacity_bytes
+        if eviction_age_s is None or capacity is None or self._gaps.known < GAPS_KNOWN_MIN:
             return 0.0
-        kept = self._gaps.share_within(eviction_age_s)
+        demand = self._demand.total_bytes_per_s
+        kept = self._gaps.share_within(capacity / demand if demand else math.inf)
         return min(1.0, max(0.0, (KEEP_ALL - kept) / (KEEP_ALL - KEEP_NONE)))
 
     def _budget_bar(self, now_s: float) -> float:

@@ -94,6 +94,10 @@ class RankDemand:
         self._last_s = now_s if self._last_s is None else max(self._last_s, now_s)
         self._rates[min(rank, len(self._rates) - 1)] += nbytes / self._window_s
 
+    @property
+    def total_bytes_per_s(self) -> float:
+        return float(self._rates.sum())
+
     def bar_for(self, rate_bytes_per_s: float) -> float:
         """The lowest bar (admission.py) under which the stores admitted come to at most
         ``rate_bytes_per_s``: every rank above it, and a share of the rank it falls in."""

@@ -24,10 +24,9 @@ class EvictionAges:
         self._last_s = now_s
 
     def eviction_age_s(self, now_s: float) -> float | None:
-        """How long objects lately lasted before eviction; None while the card never evicted.
-        Without evictions since, an object lasts at least that long too: the age grows while
-        the card takes few writes, and the card keeps what it holds longer."""
+        """How long objects lately lasted before eviction; None while the card is not evicting
+        (it never has, or not for longer than objects lasted in it: it has room again)."""
         age_s = self._age_s
-        if age_s is None:
+        if age_s is None or now_s - self._last_s > max(age_s, 1.0):
             return None
-        return max(age_s, now_s - self._last_s)
+        return age_s
