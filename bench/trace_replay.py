@@ -405,12 +405,13 @@ def main(argv: list[str] | None = None) -> int:
         args.budget_share,
         log=lambda line: print(line, flush=True),
     )
+    where = machine(Path("."))  # before the run: the code it ran
     results = run_all(
         setup, args.contenders.split(","), [float(c) for c in args.capacities.split(",")]
     )
     context = {
         "command": "python -m bench.trace_replay " + " ".join(argv or sys.argv[1:]),
-        "machine": machine(Path(".")),
+        "machine": where,
     }
     text = markdown(results, setup, context)
     print(text)

@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    where = machine(Path("."))  # before the run: the code it ran
     outcomes = list(
         simulate(
             trace,
@@ -492,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     context = {
         "command": "python -m bench.trace_sim " + " ".join(argv or _argv()),
-        "machine": machine(Path(".")),
+        "machine": where,
         "trace": args.trace.name,
         "blocks_per_region": args.blocks_per_region,
         "block_bytes": block_bytes,
