@@ -24,7 +24,8 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
 - Admission (adp_gateway/policy/admission.py): ``adp_gateway_admission_stores_total{decision}``
   and ``adp_gateway_admission_bytes_total{decision}`` (``admitted`` or ``declined``; a declined
   store is also counted ``ok`` among the keys, as LMCache counts it stored),
-  ``adp_gateway_admission_declined_for_budget_total``, ``adp_gateway_admission_bar`` (0: every
+  ``adp_gateway_admission_declined_for_budget_total`` (the rest were declined for the card's
+  pressure), ``adp_gateway_admission_bar`` (0: every
   store written; 1: only keys seen before), ``adp_gateway_eviction_age_seconds`` (how long
   objects lately lasted before eviction), ``adp_gateway_write_rate_bytes_per_second`` (the
   last minute's), ``adp_gateway_write_budget_bytes_per_second`` and
@@ -242,7 +243,7 @@ def _admission(state: dict[str, Any]) -> Iterator[Metric]:
     yield nbytes
     yield CounterMetricFamily(
         "adp_gateway_admission_declined_for_budget",
-        "Stores declined because the write budget's bucket could not pay for them",
+        "Stores declined to keep within the write budget",
         value=state["declined_for_budget"],
     )
     yield GaugeMetricFamily(

@@ -13,6 +13,7 @@ not exactly what was put is a miss, and the object is dropped (invariant 1).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ from adp_wire import fragmenter
 from adp_wire.presence import fingerprint
 from adp_wire.ring.layout import align_up
 
+log = logging.getLogger(__name__)
 Load = tuple[str, memoryview, int]  # key, the extent to read into, object bytes
 
 
@@ -110,12 +112,19 @@ class ObjectStore:
     def admit(self, tenant: str, key: str, object_bytes: int) -> bool:
         """Whether a store of this object should be written (adp_gateway/policy/admission.py);
         a store of an object held already (which ``put`` would not write) only counts as a
-        sighting of its key."""
+        sighting of its key. A store that replaces a held object of another length is always
+        written: declined, it would leave the replaced version to be found."""
         current = self._catalog.get(tenant, key)
-        held = current is not None and current.object_bytes == object_bytes
-        print_ = fingerprint(f"{tenant}/{key}")
-        age = self.card.eviction_age_s()
-        return self._admission.admit(print_, object_bytes, time.monotonic(), age, held)
+        if current is not None and current.object_bytes != object_bytes:
+            return True
+        held = current is not None
+        try:
+            print_ = fingerprint(f"{tenant}/{key}")
+            age = self.card.eviction_age_s()
+            return self._admission.admit(print_, object_bytes, time.monotonic(), age, held)
+        except Exception:  # a bug in a policy must not cost the store, nor the session
+            log.exception("admission failed; the store is written")
+            return True
 
     def admission_statistics(self) -> AdmissionStatistics:
         return self._admission.statistics(time.monotonic())

@@ -98,7 +98,7 @@ class AdmissionStatistics:
     declined: int
     admitted_bytes: int
     declined_bytes: int
-    declined_for_budget: int  # declined because the bucket could not pay for them
+    declined_for_budget: int  # declined to keep within the write budget (the rest: pressure)
     bar: float  # the last store's bar (0: everything admitted)
     write_budget_bytes_per_s: float | None
     budget_level: float | None  # 0 (empty) to 1 (full); None without a budget
@@ -142,13 +142,12 @@ class Admission:
                 return True
             self._eviction_age_s = eviction_age_s
             self._demand.add(seen_before, nbytes, now_s)
-            self._bar = max(
-                self.settings.bar_floor,
-                self._pressure_bar(eviction_age_s),
-                self._budget_bar(now_s),
-            )
+            budget_bar = self._budget_bar(now_s)
+            self._bar = max(self.settings.bar_floor, self._pressure_bar(eviction_age_s))
+            self._bar = max(self._bar, budget_bar)
             rank = seen_before + 1 - _dither(now_s)
             if rank <= self._bar:
+                self._for_budget += rank <= budget_bar
                 return self._count_locked(False, nbytes)
             if self._budget is not None and not self._budget.take(nbytes, now_s):
                 self._for_budget += 1

@@ -101,11 +101,12 @@ class RankDemand:
     def bar_for(self, rate_bytes_per_s: float) -> float:
         """The lowest bar (admission.py) under which the stores admitted come to at most
         ``rate_bytes_per_s``: every rank above it, and a share of the rank it falls in."""
+        if rate_bytes_per_s <= 0:
+            return float(len(self._rates))  # nothing
         above = 0.0
         for rank in reversed(range(len(self._rates))):
             demand = float(self._rates[rank])
-            if above + demand > rate_bytes_per_s:
-                share = max(0.0, rate_bytes_per_s - above) / demand
-                return rank + 1 - share
+            if demand > 0 and above + demand > rate_bytes_per_s:
+                return rank + 1 - (rate_bytes_per_s - above) / demand
             above += demand
         return 0.0

@@ -11,21 +11,28 @@ long enough, and past that keeps what is likelier to be read again, at the budge
   a quarter of the demand holds the written bytes within 10 % of it and admits keys seen before
   first; under pressure (a card that, written every store, would evict objects before most keys
   come back) first sightings are declined and keys seen before admitted, while a card that is
-  not evicting takes everything; a store of a held key is only a sighting.
+  not evicting takes everything; a store of a held key is only a sighting, and one replacing a
+  held object of another length is always written.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
+from adp_gateway.card.holdings import NO_HOLDINGS
+from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.errors import ConfigError
+from adp_gateway.objects.catalog import Catalog
+from adp_gateway.objects.store import ObjectStore
 from adp_gateway.policy.admission import Admission, AdmissionSettings
-from adp_gateway.policy.budget import WriteBudget, parse_write_budget
+from adp_gateway.policy.budget import RankDemand, WriteBudget, parse_write_budget
 from adp_gateway.policy.pressure import EvictionAges
 from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
 from adp_wire.presence import fingerprint
+from tests.support.storage import REGION, extent, open_card, payload
 
 
 def key(i: int) -> int:
@@ -109,6 +116,17 @@ def test_the_bucket_starts_full_refills_at_its_rate_and_never_overflows() -> Non
     assert taken <= 100.0 * 500 + 1000  # the rate times the time, plus one bucket
 
 
+def test_the_bar_for_a_rate_lets_the_most_seen_through_first() -> None:
+    demand = RankDemand(ranks=3, window_s=10.0)
+    for rank, nbytes in ((0, 600), (1, 300), (2, 100)):  # 60, 30 and 10 bytes/s
+        demand.add(rank, nbytes, 0.0)
+    assert demand.bar_for(1000.0) == 0.0
+    assert demand.bar_for(10.0) == pytest.approx(2.0)  # rank 2 only
+    assert demand.bar_for(25.0) == pytest.approx(1.5)  # rank 2, half of rank 1
+    assert demand.bar_for(0.0) == demand.bar_for(-5.0) == 3.0  # nothing
+    assert RankDemand(3, 10.0).bar_for(5.0) == 0.0  # no demand: nothing to hold back
+
+
 def stream(admission: Admission, keys: list[int], start_s: float, spacing_s: float) -> list[bool]:
     """Store each key, one per ``spacing_s``: what admission decided."""
     return [admission.admit(fp, 1000, start_s + i * spacing_s, None) for i, fp in enumerate(keys)]
@@ -189,3 +207,18 @@ def test_eviction_age_follows_the_card_until_it_stops_evicting() -> None:
         ages.evicted(30.0, float(t))
     assert ages.eviction_age_s(99.0 + 20.0) == pytest.approx(30.0)
     assert ages.eviction_age_s(99.0 + 31.0) is None  # no eviction for longer than objects last
+
+
+def test_a_store_replacing_a_held_object_of_another_length_is_always_written() -> None:
+    """Declined, it would leave the replaced version to be found (a cache may drop a store,
+    never serve what an acknowledged store replaced); a store of a new key is declined."""
+    catalog = Catalog(NO_HOLDINGS)
+    card = open_card([MemoryDevice(4096 + 8 * REGION)], holdings=catalog)
+    no_room = AdmissionSettings(write_budget_bytes_per_s=1.0, burst_s=1.0)
+    store = ObjectStore(card, catalog, Admission(no_room, time.monotonic()))
+    store.recover()
+    store.put("t", "held", extent(payload(1, 4096)), 4096)
+    assert store.admit("t", "first", 8192)  # the full bucket pays; it owes the rest
+    assert not store.admit("t", "new", 8192)
+    assert store.admit("t", "held", 8192)
+    assert store.admit("t", "held", 4096)  # held as it is: nothing to write
