@@ -14,6 +14,8 @@ Policies:
   block whose next use is further than every held one's is not written (31.4 % at 2 %);
 - ``second-sighting``: ``lru`` that writes a block only when it has been seen before, with an
   unbounded record (14.3 % at 2 %, a quarter of LRU's writes);
+- ``oracle-lru``: ``lru`` that writes only blocks the trace references again: the most any
+  admission can get in front of LRU;
 - the gateway's own policies, run as the gateway runs them: the admission of
   ``adp_gateway/policy/admission.py`` (the same class) in front of a log of regions of
   ``--blocks-per-region`` blocks, evicted whole in the order ``adp_gateway/policy/victims.py``
@@ -41,7 +43,7 @@ import json
 import math
 import random
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +64,7 @@ CAPACITIES_PERCENT = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
 POLICIES = (
     "lru",
     "belady",
+    "oracle-lru",
     "second-sighting",
     "region-lru",
     "ours",
@@ -95,14 +98,20 @@ class Outcome:
         return self.hits / max(self.references, 1)
 
 
-def replay_lru(trace: Trace, capacity: int, admit_seen_only: bool = False) -> tuple[int, int]:
-    """Block LRU (optionally admitting a block only once seen before): hits and writes."""
+def replay_lru(
+    trace: Trace, capacity: int, admit_seen_only: bool = False, oracle: bool = False
+) -> tuple[int, int]:
+    """Block LRU: hits and writes. ``admit_seen_only``: a block is written only once seen
+    before; ``oracle``: only if it will be referenced again (what no online admission can beat
+    in front of LRU)."""
     cache: OrderedDict[int, None] = OrderedDict()
     seen: set[int] = set()
+    left = Counter(trace.blocks.tolist()) if oracle else Counter()
     hits = writes = 0
     for i in range(trace.requests):
         prefix = True
         for block in trace.request(i):
+            left[block] -= 1
             held = block in cache
             if prefix and held:
                 hits += 1
@@ -111,7 +120,7 @@ def replay_lru(trace: Trace, capacity: int, admit_seen_only: bool = False) -> tu
                 prefix = False
                 if held:
                     cache.move_to_end(block)
-                elif not admit_seen_only or block in seen:
+                elif (not admit_seen_only or block in seen) and (not oracle or left[block] > 0):
                     cache[block] = None
                     writes += 1
                     if len(cache) > capacity:
@@ -329,6 +338,8 @@ def run_policy(
         hits, writes = replay_belady(trace, capacity)
     elif policy == "second-sighting":
         hits, writes = replay_lru(trace, capacity, admit_seen_only=True)
+    elif policy == "oracle-lru":
+        hits, writes = replay_lru(trace, capacity, oracle=True)
     elif policy == "ours-budget":
         assert write_everything_bytes is not None
         budget = budget_share * write_everything_bytes / max(trace.duration_s, 1e-9)

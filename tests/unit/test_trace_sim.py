@@ -1,12 +1,13 @@
 """Goal: the offline simulator (bench/trace_sim.py) applies LMCache's prefix rule and its
 reference policies right, and runs the gateway's own policy code: a cache that never evicts
 hits every reference but each block's first; Belady never hits less than LRU; second sighting
-writes only blocks seen before; a block past a request's first miss is not a hit even when held;
-the gateway's policies run over regions and report their writes; and a trace file that is not
-in the Mooncake format is refused naming its line."""
+writes only blocks seen before, the oracle only blocks read again; a block past a request's
+first miss is not a hit even when held; the gateway's policies run over regions and report their
+writes; and a trace file that is not in the Mooncake format is refused naming its line."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,15 @@ def test_belady_hits_at_least_lru_and_second_sighting_writes_less(trace_path: Pa
         lru_hits, lru_writes = replay_lru(trace, capacity)
         assert replay_belady(trace, capacity)[0] >= lru_hits
         assert replay_lru(trace, capacity, admit_seen_only=True)[1] < lru_writes
+
+
+def test_the_oracle_writes_only_blocks_read_again(trace_path: Path) -> None:
+    trace = read_trace(trace_path)
+    again = sum(1 for n in Counter(trace.blocks.tolist()).values() if n > 1)
+    assert replay_lru(trace, trace.distinct, oracle=True) == (
+        trace.references - trace.distinct,
+        again,
+    )
 
 
 def test_only_a_requests_prefix_hits(tmp_path: Path) -> None:
