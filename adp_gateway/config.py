@@ -16,6 +16,7 @@ from pydantic import Field
 
 from adp_gateway.errors import ConfigError, StartupError
 from adp_gateway.front.tenants import TenantConfig, check_tenants
+from adp_gateway.policy.budget import parse_write_budget
 from adp_wire.protocol import default_socket_path
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.settings import ByteSize, OneOrMany, Settings, build
@@ -44,6 +45,10 @@ class GatewayConfig(Settings):
     devices: OneOrMany[str] = Field(default_factory=list)
     capacity: ByteSize | None = None
     region_size: ByteSize = Field(default=64 * 2**20, ge=2 * PAGE_BYTES)
+    eviction: Literal["scan-resistant", "lru"] = "scan-resistant"
+    admission: bool = True
+    write_budget: str | int | None = "1dwpd"  # bytes/s, drive writes per day, or none
+    write_budget_burst_s: float = Field(default=86400.0, gt=0)
     fragment_size: ByteSize = Field(default=4 * 2**20, ge=PAGE_BYTES)
     prepare_databases: bool = True
     io_threads: int = Field(default=8, ge=1)
@@ -149,6 +154,7 @@ def _check(config: GatewayConfig) -> GatewayConfig:
             f"({format_size(config.region_size)})"
         )
     check_tenants(config.tenants)
+    parse_write_budget(config.write_budget, 1)  # its form; the rate needs the capacity
     if not config.database_paths:
         raise ConfigError("no databases: set `data_dirs` or `devices`")
     seen: set[str] = set()

@@ -9,6 +9,7 @@ what is queued, let running I/O finish, sync, close the databases, remove the so
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -30,6 +31,7 @@ from adp_gateway.host.footprint import Footprint
 from adp_gateway.host.priority import STORE_PATIENCE_S, Boost
 from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.observe.metrics import LiveState, Metrics, MetricsServer, Rates
+from adp_gateway.policy.budget import SECONDS_PER_DAY
 from adp_gateway.scheduling.periodic_sync import PeriodicSync
 from adp_gateway.scheduling.scheduler import Scheduler, Task
 from adp_gateway.sessions.client_l1 import L1Segment
@@ -160,6 +162,7 @@ class Gateway:
         with self._lock:
             sessions = Counter(s.tenant for s in self._sessions.values())
         tenants = [t.name for t in self.config.tenants] or sorted(sessions)
+        rates = self._rates.per_second()
         return {
             "socket": self.config.socket_path,
             "ready": self._ready,
@@ -173,7 +176,18 @@ class Gateway:
             "write_depth_bytes": queued.write_depth_bytes,
             "evicted_regions": store.reclaims,
             "databases": self.store.card.database_states(),
-            "rates_last_minute": self._rates.per_second(),
+            "rates_last_minute": rates,
+            "admission": self._admission_state(store.capacity_bytes, rates),
+        }
+
+    def _admission_state(self, capacity_bytes: int, rates: dict[str, float]) -> dict[str, Any]:
+        """What admission did, and the drive's write rate against its budget: the last
+        minute's, and the drive writes per day it comes to at that rate."""
+        written = rates.get("written_bytes", 0.0)
+        return {
+            **dataclasses.asdict(self.store.admission_statistics()),
+            "write_rate_bytes_per_s": written,
+            "drive_writes_per_day": written * SECONDS_PER_DAY / max(capacity_bytes, 1),
         }
 
     def _tenant_state(self, tenant: str, sessions: int) -> dict[str, Any]:

@@ -105,6 +105,16 @@ BENCHMARKS = {
         "A returning prompt through vLLM: restored from the gateway against recomputed",
         "bench.ttft_restore:markdown",
     ),
+    "trace_sim": Benchmark(
+        "trace-sim",
+        "A production request trace replayed offline: hits and writes per cache policy",
+        "bench.trace_sim:markdown",
+    ),
+    "trace_replay": Benchmark(
+        "trace-replay",
+        "A production request trace through a real `lmcache server`: L2 hits and drive writes",
+        "bench.trace_replay:markdown",
+    ),
     "two_adapters": Benchmark(
         "two-adapters",
         "Lookups through LMCache with ours alone and beside a second L2 adapter",

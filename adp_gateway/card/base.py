@@ -45,7 +45,9 @@ validated them (adp_gateway/config.py satisfies it; a card may ask for more of i
 
 Capacity: ``used_bytes <= capacity_bytes`` always; a full card evicts (in its own order) to make
 room, so a ``put`` never fails for want of space. A namespace with a quota (the config's tenants'
-``quota``) evicts only its own values; ``pool_bytes`` says what it holds.
+``quota``) evicts only its own values; ``pool_bytes`` says what it holds. A card may say how
+long values lately lasted before it evicted them (``eviction_age_s``; the default says nothing),
+which the gateway's admission weighs (adp_gateway/policy/admission.py).
 
 Buffers: ``payload`` and ``into`` are page aligned and padded to 4 KiB; the card only reads a
 payload during ``put`` and writes ``into`` during ``get``, and keeps no reference after the call.
@@ -239,6 +241,11 @@ class Card(abc.ABC):
 
     @abc.abstractmethod
     def sync_all(self) -> None: ...
+
+    def eviction_age_s(self) -> float | None:
+        """How long values lately lasted before the card evicted them; None while it has not
+        evicted, or when the card does not say (this default)."""
+        return None
 
     @abc.abstractmethod
     def close(self) -> None: ...

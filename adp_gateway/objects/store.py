@@ -13,7 +13,9 @@ not exactly what was put is a miss, and the object is dropped (invariant 1).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
@@ -24,10 +26,14 @@ from adp_gateway.config import GatewayConfig
 from adp_gateway.errors import StoreGivenUp
 from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.names import Version, fragment_name
+from adp_gateway.policy.admission import Admission, AdmissionSettings, AdmissionStatistics
+from adp_gateway.policy.admission import settings_for as admission_settings_for
 from adp_wire import fragmenter
 from adp_wire.checksum import key_hash  # places an object's first fragment
+from adp_wire.presence import fingerprint
 from adp_wire.ring.layout import align_up
 
+log = logging.getLogger(__name__)
 Load = tuple[str, memoryview, int]  # key, the extent to read into, object bytes
 
 
@@ -65,10 +71,14 @@ class StoreStatistics:
 
 
 class ObjectStore:
-    def __init__(self, card: Card, catalog: ObjectCatalog) -> None:
-        """``catalog`` must be the holdings ``card`` was opened with (``open_store`` does it)."""
+    def __init__(
+        self, card: Card, catalog: ObjectCatalog, admission: Admission | None = None
+    ) -> None:
+        """``catalog`` must be the holdings ``card`` was opened with (``open_store`` does it);
+        ``admission`` decides which stores are written (none: every one)."""
         self.card = card
         self._catalog = catalog
+        self._admission = admission or Admission(AdmissionSettings(enabled=False), 0.0)
         self._counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()  # the I/O threads count at once
 
@@ -107,6 +117,26 @@ class ObjectStore:
 
     def pool_bytes(self, tenant: str) -> tuple[int, int]:
         return self.card.pool_bytes(tenant)
+
+    def admit(self, tenant: str, key: str, object_bytes: int) -> bool:
+        """Whether a store of this object should be written (adp_gateway/policy/admission.py);
+        a store of an object held already (which ``put`` would not write) only counts as a
+        sighting of its key. A store that replaces a held object of another length is always
+        written: declined, it would leave the replaced version to be found."""
+        current = self._catalog.get(tenant, key)
+        if current is not None and current.object_bytes != object_bytes:
+            return True
+        held = current is not None
+        try:
+            print_ = fingerprint(f"{tenant}/{key}")
+            age = self.card.eviction_age_s()
+            return self._admission.admit(print_, object_bytes, time.monotonic(), age, held)
+        except Exception:  # a bug in a policy must not cost the store, nor the session
+            log.exception("admission failed; the store is written")
+            return True
+
+    def admission_statistics(self) -> AdmissionStatistics:
+        return self._admission.statistics(time.monotonic())
 
     def put(
         self,
@@ -193,8 +223,11 @@ class ObjectStore:
                 wanted.append(Wanted(fragment_name(key, version, place), into, length))
         got = self.card.get(tenant, wanted) if wanted else []
         found = [False] * len(objects)
+        now_s = time.monotonic()
         for number, key, version, first in reads:
             found[number] = all(got[first : first + version.fragments])
+            if found[number]:
+                self._admission.sighted(fingerprint(f"{tenant}/{key}"), now_s)
             if not found[number] and not all(self.card.exists(tenant, version.names(key))):
                 self._catalog.remove(tenant, key, version.number)  # evicted as it was published
         self._count("loads", len(objects))
@@ -269,4 +302,5 @@ def open_store(config: GatewayConfig, context: CardContext) -> ObjectStore:
     ``context.holdings`` hears of the objects it holds."""
     catalog = ObjectCatalog(context.holdings)
     card = open_card(config, dataclasses.replace(context, holdings=catalog))
-    return ObjectStore(card, catalog)
+    admission = Admission(admission_settings_for(config), time.monotonic())
+    return ObjectStore(card, catalog, admission)

@@ -28,6 +28,16 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
   ``adp_gateway_tenant_pool_bytes{tenant}`` / ``..._limit_bytes{tenant}`` (quota pools),
   ``adp_gateway_evicted_regions_total``, ``adp_gateway_device_errors_total{database}``.
 - ``adp_gateway_recovery_seconds``: how long the last start-up took to rebuild the index.
+- Admission (adp_gateway/policy/admission.py): ``adp_gateway_admission_stores_total{decision}``
+  and ``adp_gateway_admission_bytes_total{decision}`` (``admitted`` or ``declined``; a declined
+  store is also counted ``ok`` among the keys, as LMCache counts it stored),
+  ``adp_gateway_admission_declined_for_budget_total`` (the rest were declined for the card's
+  pressure), ``adp_gateway_admission_bar`` (0: every
+  store written; 1: only keys seen before), ``adp_gateway_eviction_age_seconds`` (how long
+  objects lately lasted before eviction), ``adp_gateway_write_rate_bytes_per_second`` (the
+  last minute's), ``adp_gateway_write_budget_bytes_per_second`` and
+  ``adp_gateway_write_budget_level`` (the bucket, 0 empty to 1 full; both absent without a
+  budget), ``adp_gateway_drive_writes_per_day`` (projected at the last minute's rate).
 
 ``/healthz`` answers 200 while the process runs and its housekeeping thread (which expires
 queued ops every 100 ms) keeps ticking, 503 once that thread has been stuck for 10 s (a
@@ -242,6 +252,57 @@ class LiveState(Collector):
         for database, count in state["device_errors"].items():
             errors.add_metric([str(database)], count)
         yield errors
+        yield from _admission(state["admission"])
+
+
+def _admission(state: dict[str, Any]) -> Iterator[Metric]:
+    """What admission did, and the drive's writes against the budget (service.py's status)."""
+    stores = CounterMetricFamily(
+        "adp_gateway_admission_stores", "Stores admitted or declined", labels=["decision"]
+    )
+    nbytes = CounterMetricFamily(
+        "adp_gateway_admission_bytes", "Bytes of stores admitted or declined", labels=["decision"]
+    )
+    for decision in ("admitted", "declined"):
+        stores.add_metric([decision], state[decision])
+        nbytes.add_metric([decision], state[f"{decision}_bytes"])
+    yield stores
+    yield nbytes
+    yield CounterMetricFamily(
+        "adp_gateway_admission_declined_for_budget",
+        "Stores declined to keep within the write budget",
+        value=state["declined_for_budget"],
+    )
+    yield GaugeMetricFamily(
+        "adp_gateway_admission_bar", "How often a key must be seen before", value=state["bar"]
+    )
+    if state["eviction_age_s"] is not None:
+        yield GaugeMetricFamily(
+            "adp_gateway_eviction_age_seconds",
+            "How long objects lately lasted before eviction",
+            value=state["eviction_age_s"],
+        )
+    yield GaugeMetricFamily(
+        "adp_gateway_write_rate_bytes_per_second",
+        "Object bytes written per second over the last minute",
+        value=state["write_rate_bytes_per_s"],
+    )
+    yield GaugeMetricFamily(
+        "adp_gateway_drive_writes_per_day",
+        "Drive writes per day of the capacity at the last minute's write rate",
+        value=state["drive_writes_per_day"],
+    )
+    if state["write_budget_bytes_per_s"] is not None:
+        yield GaugeMetricFamily(
+            "adp_gateway_write_budget_bytes_per_second",
+            "The write budget",
+            value=state["write_budget_bytes_per_s"],
+        )
+        yield GaugeMetricFamily(
+            "adp_gateway_write_budget_level",
+            "How full the write budget's bucket is (0 to 1)",
+            value=state["budget_level"],
+        )
 
 
 def _gauge(name: str, documentation: str, state: dict[str, Any]) -> GaugeMetricFamily:

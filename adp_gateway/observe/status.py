@@ -67,6 +67,7 @@ def render(status: dict[str, Any]) -> str:
     rates = status["rates_last_minute"]
     shown = ", ".join(_rate(name, rate) for name, rate in rates.items()) or "nothing yet"
     lines.append(f"  last minute: {shown}")
+    lines += _admission(status["admission"])
     return "\n".join(lines)
 
 
@@ -78,6 +79,31 @@ def _count(number: int, noun: str) -> str:
 def _size(size_bytes: int) -> str:
     """``256 MiB`` rather than ``256.0 MiB``; ``7.9 GiB`` stays."""
     return format_size(size_bytes).replace(".0 ", " ")
+
+
+def _admission(state: dict[str, Any]) -> list[str]:
+    """Writes against the budget, and what admission admitted and declined."""
+    rate = f"writes {format_size(int(state['write_rate_bytes_per_s']))}/s"
+    budget = state["write_budget_bytes_per_s"]
+    if not state["enabled"]:
+        rate += " (admission off: every store is written)"
+    elif budget is None:
+        rate += " (no write budget)"
+    else:
+        rate += (
+            f" of a budget of {format_size(int(budget))}/s (bucket "
+            f"{100 * state['budget_level']:.0f} % full)"
+        )
+    rate += f", {state['drive_writes_per_day']:.2g} drive writes per day at that rate"
+    stores = (
+        f"  stores admitted {state['admitted']} ({format_size(state['admitted_bytes'])}), "
+        f"declined {state['declined']} ({format_size(state['declined_bytes'])}; "
+        f"{state['declined_for_budget']} for the budget)"
+    )
+    age = state["eviction_age_s"]
+    if age is not None:
+        stores += f"; objects lately last {age:.0f} s before eviction"
+    return [f"  {rate}", stores]
 
 
 def _rate(name: str, per_second: float) -> str:

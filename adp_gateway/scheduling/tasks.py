@@ -75,8 +75,12 @@ class SessionWork:
         l1: L1Object | RemoteObject | None,
     ) -> None:
         """Queue a store of ``extent``: the window, or with ``l1`` the client's L1 (a
-        zero-copy store's pages, or a remote copy's buffer, copied into the window extent)."""
+        zero-copy store's pages, or a remote copy's buffer, copied into the window extent). A
+        store admission declines is done at once (for a cache, stored and evicted)."""
         length = submission.data_bytes
+        if not self._store.admit(self._tenant, key, length):
+            self._complete(submission, Status.OK)
+            return
 
         def put() -> Outcome:
             self._store.put(self._tenant, key, extent, length, l1)

@@ -186,15 +186,20 @@ class LMCacheServer(Process):
         l2_adapter_json: str,
         tag: str = "",
         bin_dir: Path = BIN,
-        l1_size_gb: int = 1,
+        l1_size_gb: float = 1,
         shm_name: str | None = None,
         env: dict[str, str] | None = None,
+        chunk_size: int = 256,
+        flags: dict[str, str] | None = None,
     ) -> None:
         """``shm_name`` puts L1 in the shared-memory segment /dev/shm/NAME (``--shm-name``),
         which the plugin's zero-copy path uses; without it L1 is private memory. ``env`` is
-        added to the server's environment."""
+        added to the server's environment; ``chunk_size`` is its tokens per chunk; ``flags``
+        adds to (or replaces) its command-line flags."""
         super().__init__("lmcache server", workdir / f"lmcache-server{tag}.log")
         self.l1_size_gb = l1_size_gb
+        self.chunk_size = chunk_size
+        self.flags = flags or {}
         self.shm_name = shm_name
         self.port = free_port()
         self.http_port = free_port()
@@ -209,9 +214,10 @@ class LMCacheServer(Process):
             "--http-port": str(self.http_port),
             "--l1-size-gb": str(self.l1_size_gb),
             "--eviction-policy": "LRU",
-            "--chunk-size": "256",
+            "--chunk-size": str(self.chunk_size),
             "--supported-transfer-mode": "auto",
             "--l2-adapter": self.l2_adapter_json,
+            **self.flags,
         }
         if self.shm_name is not None:
             flags["--shm-name"] = self.shm_name

@@ -15,6 +15,7 @@ from adp_gateway.card.software.devices.filedevice import FileDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import Pools, RegionLog
 from adp_gateway.card.software.regions import Location
+from adp_gateway.card.software.victims import Ranking
 from adp_gateway.config import GatewayConfig
 from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.store import ObjectStore
@@ -35,10 +36,13 @@ def open_card(
     sync: bool = True,
     pools: Pools | None = None,
     holdings: Holdings = NO_HOLDINGS,
+    ranking: Ranking = Ranking.SCAN_RESISTANT,
 ) -> SoftwareCard:
-    """A software card over ``devices``, not yet recovered."""
+    """A software card over ``devices``, not yet recovered, evicting as ``ranking`` says."""
     holder: list[SoftwareCard] = []
-    region_log = RegionLog(devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools)
+    region_log = RegionLog(
+        devices, REGION, lambda *r: holder[0].on_reclaim(*r), pools, ranking=ranking
+    )
     card = SoftwareCard(region_log, FRAGMENT, sync=sync, holdings=holdings)
     holder.append(card)
     return card

@@ -42,6 +42,11 @@ GATEWAY_LAYERS = [
         "adp_gateway.scheduling.loads",
         "adp_gateway.scheduling.periodic_sync",
         "adp_gateway.scheduling.write_depth",
+        # Policies decide and do no I/O: the gateway and bench/trace_sim.py run them alike.
+        "adp_gateway.policy.budget",
+        "adp_gateway.policy.sightings",
+        "adp_gateway.card.software.eviction_ages",
+        "adp_gateway.card.software.victims",
     },
     # The card seam (card/base.py), the devices, observability, the client's memory.
     {
@@ -73,6 +78,7 @@ GATEWAY_LAYERS = [
     },
     {
         "adp_gateway.card.software.formatting",
+        "adp_gateway.policy.admission",
         "adp_gateway.card.software.regions",
         "adp_gateway.front.unix_socket",
         "adp_gateway.host.footprint",
@@ -112,6 +118,7 @@ PACKAGES = {
     "adp_gateway.scheduling",
     "adp_gateway.observe",
     "adp_gateway.host",
+    "adp_gateway.policy",
 }
 
 

@@ -43,6 +43,7 @@ from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.settings import SoftwareCardConfig, software_config
 from adp_gateway.card.software.values import ValueIO, intact
+from adp_gateway.card.software.victims import Ranking
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,9 @@ class SoftwareCard(Card):
             self._log.prepare_in_background()
         return found
 
+    def eviction_age_s(self) -> float | None:
+        return self._log.eviction_age_s()
+
     def sync_all(self) -> None:
         """Make every write so far durable on every database."""
         self._log.sync(set(range(self._log.databases)))
@@ -247,6 +251,7 @@ def _open(config: SoftwareCardConfig, context: CardContext) -> SoftwareCard:
             lambda *region: holder[0].on_reclaim(*region),
             Pools(config.region_quotas()),
             durable_fillings=config.sync != "none",
+            ranking=Ranking(config.eviction),
         )
     except BaseException:  # a refused start: let go of the databases (their locks) at once
         for opened in devices:

@@ -1,21 +1,28 @@
-"""The software card's eviction policy: which region to reclaim when a pool needs one and no
-free region may be taken.
+"""The software card's eviction: which region to reclaim when a pool needs one and no free
+region may be taken, and what the ranking goes by.
 
-Regions are reclaimed whole, in approximate-LRU order: a region that holds nothing the store
-still uses goes first (a deleted or overwritten object's), then the one least recently written
-or read. The store reports which records it uses with ``retain``/``release`` (``count_live``); a
-region with reads or writes in flight, or open for appends, is never chosen.
+Regions are reclaimed whole, in the order victims.py ranks them (the config's ``eviction``:
+``scan-resistant`` by default, or ``lru``): a region that holds nothing the store
+still uses (a deleted or overwritten object's) goes first whatever the ranking. The store
+reports which records it uses with ``retain``/``release`` (``count_live``); a region with reads
+or writes in flight, or open for appends, is never chosen. Each reclaim tells the log's
+``EvictionAges`` how long the region had gone unused, which admission weighs
+(adp_gateway/policy/admission.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
+import numpy as np
+
+from adp_gateway.card.software import victims
 from adp_gateway.card.software.regions import Database, Location, LogState, Region
 from adp_gateway.errors import StorageError
 
 
-def choose_victim(db: Database, pools: set[str], wanted_by: str) -> Region:
+def choose_victim(state: LogState, db: Database, pools: set[str], wanted_by: str) -> Region:
     """Under the log's lock: the region of one of ``pools`` to reclaim for pool ``wanted_by``.
     Raises StorageError when every candidate is busy."""
     opened = set(map(id, db.open.values()))
@@ -33,7 +40,17 @@ def choose_victim(db: Database, pools: set[str], wanted_by: str) -> Region:
             f"{'tenant ' + repr(wanted_by) if wanted_by else 'the shared pool'}; every one it "
             "may take has reads or writes in flight"
         )
-    return min(idle, key=lambda r: (r.live > 0, r.last_access))
+    empty = [r for r in idle if r.live == 0]  # whatever the sample, these go first
+    picked = victims.sample(len(idle), state.sampling)
+    candidates = empty or (idle if picked is None else [idle[i] for i in picked])
+    columns = np.array(
+        [(r.live, r.last_access, r.filled_at, r.reads) for r in candidates], np.int64
+    )
+    region = candidates[victims.choose_victim(state.ranking, *columns.T)]
+    if region.last_access_s:  # known: not a region recovered at start-up and unused since
+        now_s = time.monotonic()
+        state.evictions.evicted(now_s - region.last_access_s, now_s)
+    return region
 
 
 def count_live(state: LogState, locations: Iterable[Location], delta: int) -> None:
@@ -48,3 +65,5 @@ def count_live(state: LogState, locations: Iterable[Location], delta: int) -> No
 def touch(state: LogState, region: Region) -> None:
     """Under the lock: ``region`` was just read (it moves to the back of the eviction order)."""
     region.last_access = next(state.clock)
+    region.last_access_s = time.monotonic()
+    region.reads += 1

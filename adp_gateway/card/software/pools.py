@@ -85,7 +85,7 @@ class Allocator:
             carried = region.carried
         else:
             over = {p for p, n in held.items() if n > self.pools.limit(p, len(db.regions))}
-            region = choose_victim(db, over if below else {pool}, pool)
+            region = choose_victim(state, db, over if below else {pool}, pool)
             carried = state.on_reclaim(db.index, region.index, region.epoch)
             state.reclaims += 1
         region.refill(state.next_epoch, next(state.clock), pool)

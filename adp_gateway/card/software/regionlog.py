@@ -23,6 +23,7 @@ and region state are under the lock, the I/O never is.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from adp_gateway.card.software.devices.base import Device
@@ -35,6 +36,7 @@ from adp_gateway.card.software.records import RecordReader, RecordWriter
 from adp_gateway.card.software.recovery import Progress, RegionRecords, RegionScan
 from adp_gateway.card.software.regions import Database, Location, LogState, OnReclaim
 from adp_gateway.card.software.sealing import Sealer
+from adp_gateway.card.software.victims import Ranking
 from adp_gateway.errors import StartupError, StorageError
 from adp_wire.ring.layout import PAGE_BYTES
 
@@ -50,10 +52,12 @@ class RegionLog:
         on_reclaim: OnReclaim,
         pools: Pools | None = None,
         durable_fillings: bool = True,
+        ranking: Ranking = Ranking.SCAN_RESISTANT,
     ) -> None:
         """``durable_fillings``: a reclaimed region's old records count as on disk (for the
         tombstones that bury them) until a sync covers its new filling's first write, not only
-        until that write lands; off where nothing is synced (``sync: none``)."""
+        until that write lands; off where nothing is synced (``sync: none``). ``ranking``: which
+        region eviction takes (adp_gateway/card/software/victims.py)."""
         assert region_bytes % PAGE_BYTES == 0
         databases = [Database(i, d, region_bytes) for i, d in enumerate(devices)]
         for db in databases:
@@ -64,7 +68,9 @@ class RegionLog:
                     "`region_size`"
                 )
         self.region_bytes = region_bytes
-        self._state = LogState(databases, on_reclaim, durable_fillings=durable_fillings)
+        self._state = LogState(
+            databases, on_reclaim, durable_fillings=durable_fillings, ranking=ranking
+        )
         self._allocator = Allocator(self._state, pools or Pools())
         self._sealer = Sealer(self._state)
         self._writer = RecordWriter(self._state, self._allocator, self._sealer)
@@ -79,6 +85,11 @@ class RegionLog:
     @property
     def reclaims(self) -> int:
         return self._state.reclaims
+
+    def eviction_age_s(self) -> float | None:
+        """How long regions lately went unused before eviction; None if none was yet
+        (adp_gateway/card/software/eviction_ages.py)."""
+        return self._state.evictions.eviction_age_s(time.monotonic())
 
     @property
     def capacity_bytes(self) -> int:

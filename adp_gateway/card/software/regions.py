@@ -8,6 +8,7 @@ written).
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +18,10 @@ from typing import NamedTuple
 from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.groupsync import GroupSync
 from adp_gateway.card.software.devices.preparer import unwritten_ranges
+from adp_gateway.card.software.eviction_ages import EvictionAges
 from adp_gateway.card.software.format import HEADER_BYTES, RecordHeader
 from adp_gateway.card.software.superblocks import open_superblock
+from adp_gateway.card.software.victims import Ranking
 from adp_wire.ring.layout import PAGE_BYTES
 
 
@@ -45,6 +48,11 @@ class Region:
     sealed: bool = False  # takes no more appends; its footer follows its last write
     footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
     last_access: int = 0
+    # For the eviction's ranking (adp_gateway/card/software/victims.py): the clock when this filling
+    # began, reads since, and when it was last written or read (monotonic seconds; 0 unknown).
+    filled_at: int = 0
+    reads: int = 0
+    last_access_s: float = 0.0
     live: int = 0  # records the store uses
     # The filling the region's first page names on disk for sure, and the fillings whose first
     # write landed since, each with its write's ticket (devices/groupsync.py) until a sync
@@ -64,6 +72,7 @@ class Region:
 
     def refill(self, epoch: int, now: int, pool: str) -> None:
         self.epoch, self.last_access, self.pool = epoch, now, pool
+        self.filled_at, self.reads, self.last_access_s = now, 0, time.monotonic()
         self.used_bytes = self.footer_bytes = self.live = 0
         self.sealed = False
         self.records = []
@@ -139,6 +148,9 @@ class LogState:
     # Whether a region's new filling counts as replacing the old on disk only once synced (a
     # power cut may keep either until then); off under ``sync: none``, which never syncs.
     durable_fillings: bool = True
+    ranking: Ranking = Ranking.SCAN_RESISTANT  # which region eviction takes (eviction.py)
+    evictions: EvictionAges = field(default_factory=EvictionAges)  # how long regions lasted
+    sampling: random.Random = field(default_factory=lambda: random.Random(0))  # eviction.py
 
     def __post_init__(self) -> None:
         self.started = threading.Condition(self.lock)

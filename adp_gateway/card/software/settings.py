@@ -23,6 +23,10 @@ class SoftwareCardConfig(CardConfig, Protocol):
     def prepare_databases(self) -> bool:
         """Whether never-written regions are written once in the background."""
 
+    @property
+    def eviction(self) -> str:
+        """Which region a full card reclaims: ``scan-resistant`` or ``lru`` (victims.py)."""
+
     def region_quotas(self) -> dict[str, int]:
         """Namespace -> the regions its pool may own per database."""
 
@@ -30,7 +34,7 @@ class SoftwareCardConfig(CardConfig, Protocol):
 def software_config(config: CardConfig) -> SoftwareCardConfig:
     if not isinstance(config, SoftwareCardConfig):
         raise ConfigError(
-            "card: software: the settings have no region_size, devices, prepare_databases "
-            "or region quotas: give the software card the gateway's config"
+            "card: software: the settings have no region_size, devices, prepare_databases, "
+            "eviction or region quotas: give the software card the gateway's config"
         )
     return config

@@ -1,0 +1,222 @@
+"""Admission: which stores the gateway writes to the drive.
+
+A persistent tier is worth what it hits per byte it writes. By default every store is written
+while the drive's write budget holds (budget.py: a bucket of a day's worth of the budget), so a
+prompt seen once is on the drive after a restart. Admission declines a store only when one of two
+things says it would cost a write for little:
+
+- the budget: once the bucket is below half full, it sets the bar so that the stores of late
+  that it would let through come to the budget's rate (at a quarter full; more above, less
+  below), the stores likelier to be read again first (CacheLib's flash cache holds a target
+  write rate the same way, with a rate of admission rather than a rank);
+- the card's pressure: when the card is full and evicting (its ``eviction_age_s``: for the
+  software card, adp_gateway/card/software/eviction_ages.py), and objects would
+  last there less long than most keys take to come back (``ReuseGaps``) were every store
+  written, an object seen for the first time would mostly be evicted unread, and such stores
+  are declined in the measure of it. How long objects would last is the card's capacity over
+  the stores' recent rate, not the eviction age the card reports: that age grows as admission
+  declines, and judged on it admission would settle halfway, whatever the traffic.
+
+Both rank a store by how often its key was seen before (the ``SightingRecord``: loads that hit,
+and stores, count), so the bar is a number: a store is written when ``seen_before + 1 - d``
+exceeds it. A bar of 0 writes everything; 1 writes only keys seen before ("second sighting");
+0.5 also keys never seen before, half of the time. ``d`` goes from 0 to 1 over every
+``DITHER_PERIOD_S``, so what a fractional bar admits is the stores of part of each period: a
+prompt's stores, which arrive together, are admitted or declined together. (A share of keys
+chosen by hash would admit some of a prompt's new blocks and not others, and LMCache reads a
+prompt's blocks only up to the first it misses: on the production trace that cost a third of
+the hits.) Along a prompt, keys are seen no less often than those after them, so a bar on how
+often splits a prompt only where what follows is worth less anyway. A store of a key the store
+holds already only counts as a sighting.
+
+A declined store is reported to LMCache as done: for a cache that is a store followed at once
+by an eviction. The gateway counts both kinds (``statistics``).
+
+On the project's production trace, pressure admission with the scan-resistant eviction of
+adp_gateway/card/software/victims.py hits more than LRU or second sighting alone at most capacities
+(bench/results/trace-replay-*.md); ``bench/trace_sim.py`` runs this very class.
+
+Thread-safe: the session threads (stores) and the I/O threads (load hits) call it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from adp_gateway.policy.budget import (
+    SECONDS_PER_DAY,
+    RankDemand,
+    WriteBudget,
+    parse_write_budget,
+)
+from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
+
+if TYPE_CHECKING:
+    from adp_gateway.config import GatewayConfig
+
+RANKS = 5  # the budget ranks stores by how often seen before: 0, 1, 2, 3, 4 or more
+BUDGET_FREE_LEVEL = 0.5  # above this level of its bucket, the budget admits everything
+BUDGET_TARGET_LEVEL = 0.25  # the level at which it lets through just its rate
+DEMAND_WINDOW_S = 60.0  # how far back the demand by rank looks (at most the bucket)
+# Under pressure: first sightings are all written while the card keeps objects long enough for
+# KEEP_ALL of keys to come back, none below KEEP_NONE, a share in between.
+KEEP_ALL = 0.65
+KEEP_NONE = 0.55
+GAPS_KNOWN_MIN = 64.0  # fewer gaps than this say too little: no pressure bar
+DITHER_PERIOD_S = 1.0
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    enabled: bool = True  # False: write every store (no record, no budget)
+    write_budget_bytes_per_s: float | None = None  # None: no budget
+    burst_s: float = SECONDS_PER_DAY  # the bucket holds this many seconds of the budget
+    record_keys: int = 1 << 20  # the distinct keys the sighting record keeps
+    bar_floor: float = 0.0  # the lowest bar: 1 holds it at second sighting (for weighing it)
+    capacity_bytes: int | None = None  # the card's; None: no pressure admission
+
+
+def settings_for(config: GatewayConfig) -> AdmissionSettings:
+    """The config's admission (its capacity resolved): the budget's rate, and a record of
+    eight keys per fragment the card can hold (an object is a fragment or more)."""
+    assert config.capacity is not None
+    return AdmissionSettings(
+        enabled=config.admission,
+        write_budget_bytes_per_s=parse_write_budget(config.write_budget, config.capacity),
+        burst_s=config.write_budget_burst_s,
+        record_keys=8 * config.capacity // config.fragment_size,
+        capacity_bytes=config.capacity,
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionStatistics:
+    enabled: bool
+    admitted: int
+    declined: int
+    admitted_bytes: int
+    declined_bytes: int
+    declined_for_budget: int  # declined to keep within the write budget (the rest: pressure)
+    bar: float  # the last store's bar (0: everything admitted)
+    write_budget_bytes_per_s: float | None
+    budget_level: float | None  # 0 (empty) to 1 (full); None without a budget
+    eviction_age_s: float | None
+
+
+class Admission:
+    def __init__(self, settings: AdmissionSettings, now_s: float) -> None:
+        self.settings = settings
+        self._record = SightingRecord(settings.record_keys)
+        self._gaps = ReuseGaps()
+        self._budget: WriteBudget | None = None
+        rate = settings.write_budget_bytes_per_s
+        if settings.enabled and rate is not None:
+            self._budget = WriteBudget(rate, rate * settings.burst_s, now_s)
+        self._demand = RankDemand(RANKS, min(DEMAND_WINDOW_S, settings.burst_s))
+        self._lock = threading.Lock()
+        self._admitted = self._declined = self._for_budget = 0
+        self._admitted_bytes = self._declined_bytes = 0
+        self._bar = 0.0
+        self._eviction_age_s: float | None = None
+
+    def admit(
+        self,
+        fingerprint: int,
+        nbytes: int,
+        now_s: float,
+        eviction_age_s: float | None,
+        held: bool = False,
+    ) -> bool:
+        """Whether to write this store of ``nbytes``. ``eviction_age_s``: how long objects
+        lately lasted on the card before eviction (the card's ``eviction_age_s``), None while it
+        is not evicting;
+        ``held``: the store holds the key already (nothing will be written)."""
+        if not self.settings.enabled:
+            return self._count(True, nbytes)
+        with self._lock:
+            seen_before, gap_s = self._record.sight(fingerprint, now_s)
+            if seen_before == 1:
+                self._gaps.add(gap_s)
+            if held:
+                return True
+            self._eviction_age_s = eviction_age_s
+            self._demand.add(seen_before, nbytes, now_s)
+            budget_bar = self._budget_bar(now_s)
+            self._bar = max(self.settings.bar_floor, self._pressure_bar(eviction_age_s))
+            self._bar = max(self._bar, budget_bar)
+            rank = seen_before + 1 - _dither(now_s)
+            if rank <= self._bar:
+                self._for_budget += rank <= budget_bar
+                return self._count_locked(False, nbytes)
+            if self._budget is not None and not self._budget.take(nbytes, now_s):
+                self._for_budget += 1
+                return self._count_locked(False, nbytes)
+            return self._count_locked(True, nbytes)
+
+    def sighted(self, fingerprint: int, now_s: float) -> None:
+        """The key was read (a load hit): one more sighting."""
+        if not self.settings.enabled:
+            return
+        with self._lock:
+            seen_before, gap_s = self._record.sight(fingerprint, now_s)
+            if seen_before == 1:
+                self._gaps.add(gap_s)
+
+    def statistics(self, now_s: float) -> AdmissionStatistics:
+        with self._lock:
+            budget = self._budget
+            return AdmissionStatistics(
+                enabled=self.settings.enabled,
+                admitted=self._admitted,
+                declined=self._declined,
+                admitted_bytes=self._admitted_bytes,
+                declined_bytes=self._declined_bytes,
+                declined_for_budget=self._for_budget,
+                bar=self._bar,
+                write_budget_bytes_per_s=budget.rate_bytes_per_s if budget else None,
+                budget_level=budget.level(now_s) if budget else None,
+                eviction_age_s=self._eviction_age_s,
+            )
+
+    def _pressure_bar(self, eviction_age_s: float | None) -> float:
+        """0 while the card is not evicting, or would keep objects, every store written, long
+        enough for KEEP_ALL of keys to come back; 1 (second sighting) when not even for
+        KEEP_NONE; in between else."""
+        capacity = self.settings.capacity_bytes
+        if eviction_age_s is None or capacity is None or self._gaps.known < GAPS_KNOWN_MIN:
+            return 0.0
+        demand = self._demand.total_bytes_per_s
+        kept = self._gaps.share_within(capacity / demand if demand else math.inf)
+        return min(1.0, max(0.0, (KEEP_ALL - kept) / (KEEP_ALL - KEEP_NONE)))
+
+    def _budget_bar(self, now_s: float) -> float:
+        """0 while the bucket is at least BUDGET_FREE_LEVEL full; below, the bar that lets
+        through the stores of late up to the budget's rate times the level over
+        BUDGET_TARGET_LEVEL, so the bucket settles near that level."""
+        if self._budget is None:
+            return 0.0
+        level = self._budget.level(now_s)
+        if level >= BUDGET_FREE_LEVEL:
+            return 0.0
+        return self._demand.bar_for(self._budget.rate_bytes_per_s * level / BUDGET_TARGET_LEVEL)
+
+    def _count(self, admitted: bool, nbytes: int) -> bool:
+        with self._lock:
+            return self._count_locked(admitted, nbytes)
+
+    def _count_locked(self, admitted: bool, nbytes: int) -> bool:
+        if admitted:
+            self._admitted += 1
+            self._admitted_bytes += nbytes
+        else:
+            self._declined += 1
+            self._declined_bytes += nbytes
+        return admitted
+
+
+def _dither(now_s: float) -> float:
+    """Where in its period ``now_s`` lies, from 0 to 1."""
+    return (now_s / DITHER_PERIOD_S) % 1.0

@@ -1,0 +1,550 @@
+"""Offline replay of a request trace against cache policies, in seconds rather than hours: what
+each policy would hit and write at each capacity, before the real stack is run
+(bench/trace_replay.py).
+
+The rule is LMCache's: a request uses its blocks up to its first miss (a prefix); every block
+from there on is recomputed and stored (a store of a block held already writes nothing). Hit
+ratio is over block references. Capacities are shares of the trace's distinct blocks.
+
+Policies:
+
+- ``lru``: blocks, least recently used evicted, every store written (the reference the issue
+  quotes: LRU 7.9 % at 2 % of Mooncake's conversation trace);
+- ``belady``: blocks, optimal offline: the block used furthest in the future is evicted, and a
+  block whose next use is further than every held one's is not written (31.4 % at 2 %);
+- ``second-sighting``: ``lru`` that writes a block only when it has been seen before, with an
+  unbounded record (14.3 % at 2 %, a quarter of LRU's writes);
+- ``oracle-lru``: ``lru`` that writes only blocks the trace references again: the most any
+  admission can get in front of LRU;
+- the gateway's own policies, run as the gateway runs them: the admission of
+  ``adp_gateway/policy/admission.py`` (the same class) in front of a log of regions of
+  ``--blocks-per-region`` blocks, evicted whole in the order
+  ``adp_gateway/card/software/victims.py`` ranks them (the same function). ``region-lru``
+  writes everything and evicts by LRU (the gateway before admission existed); ``ours`` is the
+  gateway's default (admission under pressure, scan-resistant eviction); ``ours-lru`` the same
+  admission with LRU eviction; ``gateway-ss`` the gateway's admission held at second sighting
+  (its bounded record); ``prefix-aware`` is ``ours`` told, from the trace, which of the 64
+  least recently used regions hold only blocks whose prefix is gone (worth nothing: no request
+  can reach them), and evicting one of those first (an oracle: the gateway cannot tell a key's
+  prefix);
+- ``ours-budget``: ``ours`` with a write budget of ``--budget-share`` of ``region-lru``'s write
+  rate at that capacity, in a bucket of ``--burst-s`` seconds of it (5 % of the trace's time).
+
+    python -m bench.trace_sim TRACE [--capacities 1,2,5,10,25,50] [--blocks-per-region 1]
+        [--block-bytes 64MiB] [--out bench/results/trace-sim-vm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import random
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from adp_gateway.card.software.eviction_ages import EvictionAges
+from adp_gateway.card.software.victims import Ranking, choose_victim, sample
+from adp_gateway.policy.admission import Admission, AdmissionSettings
+from adp_wire.presence import fingerprint
+from adp_wire.units import format_size, parse_size
+from bench.machine import machine
+from bench.results import write as write_result
+from bench.trace_file import Trace, read_trace, source_of
+
+CAPACITIES_PERCENT = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
+POLICIES = (
+    "lru",
+    "belady",
+    "oracle-lru",
+    "second-sighting",
+    "region-lru",
+    "ours",
+    "ours-lru",
+    "gateway-ss",
+    "prefix-aware",
+    "ours-budget",
+)
+# ours-budget's bucket, as a share of the trace's time: the written rate over the run can exceed
+# the budget by the bucket it started with, so a bucket of 5 % keeps it within 10 %.
+BURST_SHARE = 0.05
+_FREE, _OPEN, _SEALED = 0, 1, 2
+Indices = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    policy: str
+    capacity_percent: float
+    capacity_blocks: int
+    hits: int
+    references: int
+    blocks_written: int
+    bytes_written: int
+    write_budget_bytes_per_s: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / max(self.references, 1)
+
+
+def replay_lru(
+    trace: Trace, capacity: int, admit_seen_only: bool = False, oracle: bool = False
+) -> tuple[int, int]:
+    """Block LRU: hits and writes. ``admit_seen_only``: a block is written only once seen
+    before; ``oracle``: only if it will be referenced again (what no online admission can beat
+    in front of LRU)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    seen: set[int] = set()
+    left = Counter(trace.blocks.tolist()) if oracle else Counter()
+    hits = writes = 0
+    for i in range(trace.requests):
+        prefix = True
+        for block in trace.request(i):
+            left[block] -= 1
+            held = block in cache
+            if prefix and held:
+                hits += 1
+                cache.move_to_end(block)
+            else:
+                prefix = False
+                if held:
+                    cache.move_to_end(block)
+                elif (not admit_seen_only or block in seen) and (not oracle or left[block] > 0):
+                    cache[block] = None
+                    writes += 1
+                    if len(cache) > capacity:
+                        cache.popitem(last=False)
+            seen.add(block)
+    return hits, writes
+
+
+def replay_belady(trace: Trace, capacity: int) -> tuple[int, int]:
+    """Optimal offline (Belady, with bypass): hits and writes."""
+    never = trace.references + 1
+    next_use = np.full(trace.references, never, np.int64)
+    last: dict[int, int] = {}
+    for position in range(trace.references - 1, -1, -1):
+        block = int(trace.blocks[position])
+        next_use[position] = last.get(block, never)
+        last[block] = position
+    held: dict[int, int] = {}  # block -> its next use
+    furthest: list[tuple[int, int]] = []  # (-next use, block), stale entries skipped
+    hits = writes = position = 0
+    for i in range(trace.requests):
+        prefix = True
+        for block in trace.request(i):
+            upcoming = int(next_use[position])
+            position += 1
+            if block in held:
+                hits += prefix
+                held[block] = upcoming
+                heapq.heappush(furthest, (-upcoming, block))
+                continue
+            prefix = False
+            if upcoming == never:
+                continue
+            if len(held) >= capacity:
+                while held.get(furthest[0][1]) != -furthest[0][0]:
+                    heapq.heappop(furthest)
+                if -furthest[0][0] <= upcoming:
+                    continue  # everything held is used sooner: not written
+                del held[heapq.heappop(furthest)[1]]
+            held[block] = upcoming
+            heapq.heappush(furthest, (-upcoming, block))
+            writes += 1
+    return hits, writes
+
+
+class RegionCache:
+    """The software card as the policies see it: regions of ``blocks_per_region`` blocks
+    filled in order, one open at a time, reclaimed whole in the order ``choose_victim`` ranks
+    the sealed ones; ``EvictionAges`` hears each reclaim as the card's does."""
+
+    def __init__(self, capacity: int, blocks_per_region: int, ranking: Ranking) -> None:
+        count = max(2, capacity // blocks_per_region)
+        self.per_region = blocks_per_region
+        self.ranking = ranking
+        self.state = np.zeros(count, np.int8)
+        self.live = np.zeros(count, np.int64)
+        self.last_access = np.zeros(count, np.int64)
+        self.filled_at = np.zeros(count, np.int64)
+        self.reads = np.zeros(count, np.int64)
+        self.last_access_s = np.zeros(count, np.float64)
+        self.members: list[list[int]] = [[] for _ in range(count)]
+        self.where: dict[int, int] = {}
+        self.ages = EvictionAges()
+        self.clock = 0
+        self.open = -1
+        self.prefer: Callable[[Indices], Mask] | None = None  # prefix-aware's oracle
+        self.random = random.Random(0)
+
+    def read(self, region: int, now_s: float) -> None:
+        self.clock += 1
+        self.last_access[region] = self.clock
+        self.last_access_s[region] = now_s
+        self.reads[region] += 1
+
+    def write(self, block: int, now_s: float) -> None:
+        if self.open < 0 or len(self.members[self.open]) >= self.per_region:
+            self._take(now_s)
+        self.members[self.open].append(block)
+        self.live[self.open] += 1
+        self.where[block] = self.open
+
+    def _take(self, now_s: float) -> None:
+        if self.open >= 0:
+            self.state[self.open] = _SEALED
+        free = np.flatnonzero(self.state == _FREE)
+        if free.size:
+            region = int(free[0])
+        else:
+            region = self._victim()
+            self.ages.evicted(now_s - float(self.last_access_s[region]), now_s)
+            for block in self.members[region]:
+                del self.where[block]
+            self.members[region] = []
+            self.live[region] = 0
+        self.clock += 1
+        self.state[region] = _OPEN
+        self.last_access[region] = self.filled_at[region] = self.clock
+        self.last_access_s[region] = now_s
+        self.reads[region] = 0
+        self.open = region
+
+    def _victim(self) -> int:
+        sealed = np.flatnonzero(self.state == _SEALED)
+        picked = sample(len(sealed), self.random)
+        if picked is not None:
+            sealed = sealed[picked]
+        if self.prefer is not None:  # among the 64 least recently used, only dead ones
+            oldest = sealed[np.argsort(self.last_access[sealed])[:64]]
+            dead = oldest[self.prefer(oldest)]
+            if dead.size:
+                sealed = dead
+        pick = choose_victim(
+            self.ranking,
+            self.live[sealed],
+            self.last_access[sealed],
+            self.filled_at[sealed],
+            self.reads[sealed],
+        )
+        return int(sealed[pick])
+
+
+def replay_gateway(
+    trace: Trace,
+    capacity: int,
+    blocks_per_region: int,
+    ranking: Ranking,
+    settings: AdmissionSettings,
+    block_bytes: int,
+    prefix_aware: bool = False,
+) -> tuple[int, int]:
+    """The gateway's admission and eviction over a region log: hits and writes."""
+    cache = RegionCache(capacity, blocks_per_region, ranking)
+    admission = Admission(settings, float(trace.times_s[0]) if trace.requests else 0.0)
+    prints = _fingerprints(trace)
+    if prefix_aware:
+        cache.prefer = _dead_regions(trace, cache)
+    hits = writes = 0
+    for i in range(trace.requests):
+        now_s = float(trace.times_s[i])
+        prefix = True
+        for block in trace.request(i):
+            region = cache.where.get(block)
+            if prefix and region is not None:
+                hits += 1
+                cache.read(region, now_s)
+                admission.sighted(prints[block], now_s)
+                continue
+            prefix = False
+            age = cache.ages.eviction_age_s(now_s)
+            held = region is not None
+            if admission.admit(prints[block], block_bytes, now_s, age, held) and not held:
+                cache.write(block, now_s)
+                writes += 1
+    return hits, writes
+
+
+def _fingerprints(trace: Trace) -> dict[int, int]:
+    """Each block's key fingerprint, as the gateway takes it from the key's name."""
+    return {int(b): fingerprint(f"block-{b}") for b in np.unique(trace.blocks)}
+
+
+def _dead_regions(trace: Trace, cache: RegionCache) -> Callable[[Indices], Mask]:
+    """The oracle of ``prefix-aware``: which of these regions hold only blocks that no request
+    can reach, because a block before them in their request (their prefix) is gone."""
+    parent: dict[int, int] = {}
+    for i in range(trace.requests):
+        blocks = trace.request(i)
+        for before, block in itertools.pairwise(blocks):
+            parent.setdefault(block, before)
+
+    def reachable(block: int) -> bool:
+        for _ in range(trace.references):  # a chain is never longer than the trace
+            above = parent.get(block)
+            if above is None:
+                return True
+            if above not in cache.where:
+                return False
+            block = above
+        return True
+
+    def dead(regions: Indices) -> Mask:
+        return np.array(
+            [not any(map(reachable, cache.members[int(r)])) for r in regions], dtype=bool
+        )
+
+    return dead
+
+
+def run_policy(
+    policy: str,
+    trace: Trace,
+    percent: float,
+    blocks_per_region: int,
+    block_bytes: int,
+    budget_share: float,
+    burst_s: float,
+    write_everything_bytes: int | None = None,
+) -> Outcome:
+    capacity = max(1, int(trace.distinct * percent / 100))
+    started = time.monotonic()
+    budget: float | None = None
+    # As the gateway sizes its admission (admission.settings_for): a record of eight keys per
+    # object the card holds, and its capacity.
+    on = AdmissionSettings(record_keys=8 * capacity, capacity_bytes=capacity * block_bytes)
+    gateway = {
+        "region-lru": (Ranking.LRU, AdmissionSettings(enabled=False)),
+        "ours": (Ranking.SCAN_RESISTANT, on),
+        "ours-lru": (Ranking.LRU, on),
+        "gateway-ss": (Ranking.LRU, dataclasses.replace(on, bar_floor=1.0)),
+        "prefix-aware": (Ranking.SCAN_RESISTANT, on),
+    }
+    if policy == "lru":
+        hits, writes = replay_lru(trace, capacity)
+    elif policy == "belady":
+        hits, writes = replay_belady(trace, capacity)
+    elif policy == "second-sighting":
+        hits, writes = replay_lru(trace, capacity, admit_seen_only=True)
+    elif policy == "oracle-lru":
+        hits, writes = replay_lru(trace, capacity, oracle=True)
+    elif policy == "ours-budget":
+        assert write_everything_bytes is not None
+        budget = budget_share * write_everything_bytes / max(trace.duration_s, 1e-9)
+        settings = dataclasses.replace(on, write_budget_bytes_per_s=budget, burst_s=burst_s)
+        hits, writes = replay_gateway(
+            trace, capacity, blocks_per_region, Ranking.SCAN_RESISTANT, settings, block_bytes
+        )
+    else:
+        ranking, settings = gateway[policy]
+        hits, writes = replay_gateway(
+            trace,
+            capacity,
+            blocks_per_region,
+            ranking,
+            settings,
+            block_bytes,
+            prefix_aware=policy == "prefix-aware",
+        )
+    return Outcome(
+        policy,
+        percent,
+        capacity,
+        hits,
+        trace.references,
+        writes,
+        writes * block_bytes,
+        budget,
+        round(time.monotonic() - started, 2),
+    )
+
+
+def simulate(
+    trace: Trace,
+    policies: list[str],
+    capacities: list[float],
+    blocks_per_region: int,
+    block_bytes: int,
+    budget_share: float = 0.25,
+    burst_s: float = 60.0,
+    progress: Callable[[Outcome], None] = lambda outcome: None,
+) -> Iterator[Outcome]:
+    for percent in capacities:
+        write_everything: int | None = None
+        for policy in policies:
+            if policy == "ours-budget" and write_everything is None:
+                reference = run_policy(
+                    "region-lru", trace, percent, blocks_per_region, block_bytes, 0, 0
+                )
+                write_everything = reference.bytes_written
+            outcome = run_policy(
+                policy,
+                trace,
+                percent,
+                blocks_per_region,
+                block_bytes,
+                budget_share,
+                burst_s,
+                write_everything,
+            )
+            if policy == "region-lru":
+                write_everything = outcome.bytes_written
+            progress(outcome)
+            yield outcome
+
+
+def summary(trace: Trace) -> dict[str, float]:
+    """What the report says of the trace itself."""
+    return {
+        "requests": trace.requests,
+        "references": trace.references,
+        "distinct": trace.distinct,
+        "duration_s": trace.duration_s,
+        "infinite_hit_ratio": trace.infinite_hit_ratio(),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """Per capacity, each policy's hit ratio, its share of Belady's, and writes
+    (bench/results.py renders the file's header)."""
+    outcomes = [
+        Outcome(**{k: v for k, v in o.items() if k != "hit_ratio"}) for o in report["outcomes"]
+    ]
+    trace = report["trace_summary"]
+    policies = list(dict.fromkeys(o.policy for o in outcomes))
+    by = {(o.policy, o.capacity_percent): o for o in outcomes}
+    lines = [
+        f"Trace {report['trace']}{source_of(report['trace'])}: {trace['requests']} requests, "
+        f"{trace['references']} block references, {trace['distinct']} distinct blocks over "
+        f"{trace['duration_s']:.0f} s; a cache that never evicts hits "
+        f"{100 * trace['infinite_hit_ratio']:.1f} %. Regions of {report['blocks_per_region']} "
+        f"block(s); {format_size(report['block_bytes'])} per block; ours-budget: a budget of "
+        f"{report['budget_share']:g} of region-lru's write rate, a bucket of "
+        f"{report['burst_s']:g} s of it.",
+        "",
+        "Hit ratio over block references, % (and % of Belady's):",
+        "",
+        "| capacity | " + " | ".join(policies) + " |",
+        "|---|" + "---|" * len(policies),
+    ]
+    for percent in dict.fromkeys(o.capacity_percent for o in outcomes):
+        belady = by.get(("belady", percent))
+        cells = []
+        for policy in policies:
+            o = by.get((policy, percent))
+            if o is None:
+                cells.append("")
+                continue
+            share = f" ({100 * o.hits / belady.hits:.0f})" if belady and belady.hits else ""
+            cells.append(f"{100 * o.hit_ratio:.2f}{share}")
+        lines.append(f"| {percent:g} % | " + " | ".join(cells) + " |")
+    lines += ["", "Blocks written:", "", "| capacity | " + " | ".join(policies) + " |"]
+    lines.append("|---|" + "---|" * len(policies))
+    for percent in dict.fromkeys(o.capacity_percent for o in outcomes):
+        row = [by.get((p, percent)) for p in policies]
+        cells = [str(o.blocks_written) if o else "" for o in row]
+        lines.append(f"| {percent:g} % | " + " | ".join(cells) + " |")
+    budgeted = [o for o in outcomes if o.write_budget_bytes_per_s]
+    if budgeted:
+        lines += ["", "ours-budget against its budget:", ""]
+        lines += ["| capacity | budget | written rate | of budget |", "|---|---|---|---|"]
+        for o in budgeted:
+            assert o.write_budget_bytes_per_s is not None
+            rate = o.bytes_written / max(trace["duration_s"], 1e-9)
+            lines.append(
+                f"| {o.capacity_percent:g} % | {format_size(int(o.write_budget_bytes_per_s))}/s "
+                f"| {format_size(int(rate))}/s | {rate / o.write_budget_bytes_per_s:.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("trace", type=Path, help="a trace in the Mooncake format (JSON lines)")
+    parser.add_argument("--capacities", default=",".join(f"{c:g}" for c in CAPACITIES_PERCENT))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--blocks-per-region", type=int, default=1)
+    parser.add_argument("--block-bytes", default="64MiB", help="KV bytes per trace block")
+    parser.add_argument("--requests", type=int, help="only the first N requests")
+    parser.add_argument("--budget-share", type=float, default=0.25)
+    parser.add_argument(
+        "--burst-s", type=float, help="the budget's bucket; default: 5 %% of the trace's time"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="write OUT.json and OUT.md (bench/results/trace-sim-vm)"
+    )
+    args = parser.parse_args(argv)
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        parser.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
+    trace = read_trace(args.trace)
+    if args.requests:
+        trace = trace.head(min(args.requests, trace.requests))
+    block_bytes = parse_size(args.block_bytes, "--block-bytes")
+    burst_s = args.burst_s or BURST_SHARE * trace.duration_s
+    capacities = [float(c) for c in args.capacities.split(",")]
+
+    def show(o: Outcome) -> None:
+        print(
+            f"{o.capacity_percent:g}% {o.policy}: {100 * o.hit_ratio:.2f} % hit, "
+            f"{o.blocks_written} blocks written ({o.seconds} s)",
+            flush=True,
+        )
+
+    where = machine(Path("."))  # before the run: the code it ran
+    outcomes = list(
+        simulate(
+            trace,
+            args.policies.split(","),
+            capacities,
+            args.blocks_per_region,
+            block_bytes,
+            args.budget_share,
+            burst_s,
+            show,
+        )
+    )
+    data = {
+        "command": "python -m bench.trace_sim " + " ".join(argv or _argv()),
+        "machine": where,
+        "trace": args.trace.name,
+        "trace_summary": summary(trace),
+        "blocks_per_region": args.blocks_per_region,
+        "block_bytes": block_bytes,
+        "budget_share": args.budget_share,
+        "burst_s": burst_s,
+        "outcomes": [asdict(o) | {"hit_ratio": o.hit_ratio} for o in outcomes],
+    }
+    data = json.loads(json.dumps(data, default=_plain))
+    print(markdown(data))
+    if args.out:
+        write_result(args.out, "trace_sim", data)
+    return 0
+
+
+def _argv() -> list[str]:
+    import sys
+
+    return sys.argv[1:]
+
+
+def _plain(value: object) -> object:
+    return None if isinstance(value, float) and math.isnan(value) else str(value)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

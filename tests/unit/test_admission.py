@@ -1,0 +1,224 @@
+"""Goal: admission writes every store while the drive's budget holds and the card keeps objects
+long enough, and past that keeps what is likelier to be read again, at the budget's rate.
+
+- The sighting record remembers the keys of late, and forgets a prompt's keys together (a record
+  that forgets some blocks of a prompt and not others makes admission write blocks LMCache can
+  never reach); a key not seen for longer than the record holds is new again.
+- The write budget parses each form it takes and names the field for any other; its bucket
+  starts full, refills at the rate, and never lets more through than the rate times the time
+  plus one bucket.
+- Admission: off writes everything; on, without budget or pressure, writes everything; a budget
+  a quarter of the demand holds the written bytes within 10 % of it and admits keys seen before
+  first; under pressure (a card that, written every store, would evict objects before most keys
+  come back) first sightings are declined and keys seen before admitted, while a card that is
+  not evicting takes everything; a store of a held key is only a sighting, and one replacing a
+  held object of another length is always written.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from adp_gateway.card.holdings import NO_HOLDINGS
+from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.eviction_ages import EvictionAges
+from adp_gateway.errors import ConfigError
+from adp_gateway.objects.catalog import ObjectCatalog
+from adp_gateway.objects.store import ObjectStore
+from adp_gateway.policy.admission import Admission, AdmissionSettings
+from adp_gateway.policy.budget import RankDemand, WriteBudget, parse_write_budget
+from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
+from adp_wire.presence import fingerprint
+from tests.support.storage import REGION, extent, open_card, payload
+
+
+def key(i: int) -> int:
+    return fingerprint(f"block-{i}")
+
+
+def test_the_record_knows_a_key_seen_before_how_often_and_how_long_ago() -> None:
+    record = SightingRecord(4096)
+    assert record.sight(key(1), 10.0) == (0, math.inf)
+    assert record.sight(key(1), 12.5) == (1, 2.5)
+    assert record.sight(key(1), 13.0) == (2, 0.5)
+    assert record.sight(key(2), 13.0).seen_before == 0
+
+
+def test_the_record_keeps_the_latest_keys_and_forgets_the_oldest() -> None:
+    record = SightingRecord(4096)
+    for i in range(20_000):
+        record.sight(key(i), float(i))
+    latest = [record.sight(key(i), 30_000.0).seen_before for i in range(20_000 - 2048, 20_000)]
+    assert all(latest), "the last keys/2 keys are all remembered"
+    oldest = [record.sight(key(i), 30_000.0).seen_before for i in range(0, 8192)]
+    assert not any(oldest), "keys seen before the last 4096 distinct keys are forgotten"
+
+
+def test_the_record_forgets_a_prompts_keys_together() -> None:
+    """A prompt's 1,000 keys, seen at once, are all still known until they are all forgotten:
+    never some of them, however many new keys came since."""
+    prompt = [key(10**6 + i) for i in range(1000)]
+    known_counts = []
+    for waves in range(9):  # up to 8 waves of 1,000 new keys: twice what the record keeps
+        record = SightingRecord(4096)
+        for fp in prompt:
+            record.sight(fp, 0.0)
+        for i in range(waves * 1000):
+            record.sight(key(i), 1.0 + i / 1000)
+        known_counts.append(sum(record.sight(fp, 100.0).seen_before > 0 for fp in prompt))
+    assert set(known_counts) <= {0, 1000}, known_counts
+    assert known_counts[0] == 1000 and known_counts[-1] == 0
+
+
+def test_reuse_gaps_give_the_share_that_came_back_within_an_age() -> None:
+    gaps = ReuseGaps()
+    assert gaps.share_within(100.0) == 0.0
+    for gap in [1.0] * 30 + [60.0] * 50 + [3600.0] * 20:
+        gaps.add(gap)
+    assert gaps.share_within(2.0) == pytest.approx(0.3)
+    assert gaps.share_within(130.0) == pytest.approx(0.8)
+    assert gaps.share_within(10**6) == pytest.approx(1.0)
+    shares = [gaps.share_within(age) for age in (0.1, 1, 10, 100, 1000, 10**4)]
+    assert shares == sorted(shares)
+
+
+@pytest.mark.parametrize(
+    ("value", "rate"),
+    [
+        ("none", None),
+        (None, None),
+        ("1dwpd", 1000.0),
+        ("0.5 DWPD", 500.0),
+        ("200MiB/s", 200.0 * 2**20),
+        ("1.5 GB / s", 1.5e9),
+        (4096, 4096.0),
+    ],
+)
+def test_write_budget_forms(value: str | int | None, rate: float | None) -> None:
+    assert parse_write_budget(value, capacity_bytes=86_400_000) == rate
+
+
+@pytest.mark.parametrize("value", ["lots", "1dwpd/s", "20MiB", "0/s", "0dwpd", "-3/s"])
+def test_a_bad_write_budget_is_named_with_its_forms(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"write_budget: .*(1dwpd|none)"):
+        parse_write_budget(value, capacity_bytes=10**9)
+
+
+def test_the_bucket_starts_full_refills_at_its_rate_and_never_overflows() -> None:
+    bucket = WriteBudget(rate_bytes_per_s=100.0, depth_bytes=1000.0, now_s=0.0)
+    assert bucket.take(1000, 0.0) and not bucket.take(1, 0.0)
+    assert not bucket.take(600, 5.0) and bucket.take(500, 5.0)
+    assert bucket.level(1000.0) == 1.0
+    taken = sum(100 for t in range(2000) if bucket.take(100, 1000.0 + t / 4))
+    assert taken <= 100.0 * 500 + 1000  # the rate times the time, plus one bucket
+
+
+def test_the_bar_for_a_rate_lets_the_most_seen_through_first() -> None:
+    demand = RankDemand(ranks=3, window_s=10.0)
+    for rank, nbytes in ((0, 600), (1, 300), (2, 100)):  # 60, 30 and 10 bytes/s
+        demand.add(rank, nbytes, 0.0)
+    assert demand.bar_for(1000.0) == 0.0
+    assert demand.bar_for(10.0) == pytest.approx(2.0)  # rank 2 only
+    assert demand.bar_for(25.0) == pytest.approx(1.5)  # rank 2, half of rank 1
+    assert demand.bar_for(0.0) == demand.bar_for(-5.0) == 3.0  # nothing
+    assert RankDemand(3, 10.0).bar_for(5.0) == 0.0  # no demand: nothing to hold back
+
+
+def stream(admission: Admission, keys: list[int], start_s: float, spacing_s: float) -> list[bool]:
+    """Store each key, one per ``spacing_s``: what admission decided."""
+    return [admission.admit(fp, 1000, start_s + i * spacing_s, None) for i, fp in enumerate(keys)]
+
+
+def test_admission_off_and_on_without_budget_or_pressure_writes_everything() -> None:
+    for enabled in (False, True):
+        admission = Admission(AdmissionSettings(enabled=enabled), 0.0)
+        assert all(stream(admission, [key(i) for i in range(5000)], 0.0, 0.01))
+        assert admission.statistics(100.0).declined == 0
+
+
+def test_a_budget_of_a_quarter_holds_writes_near_it_and_keeps_keys_seen_before() -> None:
+    """Stores of 1,000 bytes at 100 per second for an hour, one in five a key seen before,
+    against a budget of 25,000 bytes per second in a bucket of a minute."""
+    admission = Admission(
+        AdmissionSettings(write_budget_bytes_per_s=25_000.0, burst_s=60.0, record_keys=1 << 16),
+        0.0,
+    )
+    decided: dict[bool, list[bool]] = {True: [], False: []}
+    for i in range(360_000):
+        repeat = i % 5 == 0 and i >= 40
+        fp = key(i - 37 if repeat else i)
+        decided[repeat].append(admission.admit(fp, 1000, i / 100, None))
+    written = admission.statistics(3600.0).admitted_bytes
+    assert abs(written - 25_000 * 3600) <= 0.1 * 25_000 * 3600, written
+    assert sum(decided[True]) / len(decided[True]) > 0.9  # seen before: kept
+    assert sum(decided[False]) / len(decided[False]) < 0.1  # first sightings: declined
+
+
+def pressured(capacity_bytes: int) -> tuple[Admission, list[int]]:
+    """An admission for a card of ``capacity_bytes`` that has seen keys come back after 100 to
+    300 s and stores arrive at about 3 KB/s; and keys it has seen once."""
+    admission = Admission(AdmissionSettings(record_keys=1 << 16, capacity_bytes=capacity_bytes), 0)
+    seen = [key(i) for i in range(2000)]
+    for i, fp in enumerate(seen):
+        admission.sighted(fp, 0.0)
+        admission.sighted(fp, 100.0 + i / 10)
+    for i in range(200):  # the stores' rate of late
+        admission.admit(key(20_000 + i), 1000, 400.0 + i * 0.3, None)
+    again = [key(10_000 + i) for i in range(1000)]
+    for fp in again:
+        admission.sighted(fp, 460.0)
+    return admission, again
+
+
+def test_under_pressure_first_sightings_are_declined_and_keys_seen_before_admitted() -> None:
+    """A card of 10 KB at 3 KB/s would keep an object about 3 s: far less than keys take to
+    come back."""
+    admission, again = pressured(capacity_bytes=10_000)
+    new = [admission.admit(key(50_000 + i), 1, 470.0, 20.0) for i in range(1000)]
+    old = [admission.admit(fp, 1, 470.0, 20.0) for fp in again]
+    assert not any(new) and all(old)
+    assert admission.statistics(470.0).bar == 1.0
+
+
+def test_when_objects_would_last_longer_than_keys_take_to_return_everything_is_written() -> None:
+    admission, _ = pressured(capacity_bytes=10**9)
+    assert all(admission.admit(key(50_000 + i), 1, 470.0, 20.0) for i in range(1000))
+
+
+def test_a_card_that_does_not_evict_takes_every_store() -> None:
+    admission, _ = pressured(capacity_bytes=10_000)
+    assert all(admission.admit(key(50_000 + i), 1, 470.0, None) for i in range(1000))
+
+
+def test_a_store_of_a_held_key_is_a_sighting_not_a_write() -> None:
+    admission = Admission(AdmissionSettings(write_budget_bytes_per_s=1.0, burst_s=1.0), 0.0)
+    assert admission.admit(key(1), 10**9, 0.0, None, held=True)
+    assert admission.statistics(0.0).admitted == 0
+    assert admission.admit(key(2), 1, 0.0, None)  # the bucket is still full
+
+
+def test_eviction_age_follows_the_card_until_it_stops_evicting() -> None:
+    ages = EvictionAges()
+    assert ages.eviction_age_s(10.0) is None
+    for t in range(100):
+        ages.evicted(30.0, float(t))
+    assert ages.eviction_age_s(99.0 + 20.0) == pytest.approx(30.0)
+    assert ages.eviction_age_s(99.0 + 31.0) is None  # no eviction for longer than objects last
+
+
+def test_a_store_replacing_a_held_object_of_another_length_is_always_written() -> None:
+    """Declined, it would leave the replaced version to be found (a cache may drop a store,
+    never serve what an acknowledged store replaced); a store of a new key is declined."""
+    catalog = ObjectCatalog(NO_HOLDINGS)
+    card = open_card([MemoryDevice(4096 + 8 * REGION)], holdings=catalog)
+    no_room = AdmissionSettings(write_budget_bytes_per_s=1.0, burst_s=1.0)
+    store = ObjectStore(card, catalog, Admission(no_room, time.monotonic()))
+    store.recover()
+    store.put("t", "held", extent(payload(1, 4096)), 4096)
+    assert store.admit("t", "first", 8192)  # the full bucket pays; it owes the rest
+    assert not store.admit("t", "new", 8192)
+    assert store.admit("t", "held", 8192)
+    assert store.admit("t", "held", 4096)  # held as it is: nothing to write

@@ -1,0 +1,82 @@
+"""Goal: the offline simulator (bench/trace_sim.py) applies LMCache's prefix rule and its
+reference policies right, and runs the gateway's own policy code: a cache that never evicts
+hits every reference but each block's first; Belady never hits less than LRU; second sighting
+writes only blocks seen before, the oracle only blocks read again; a block past a request's
+first miss is not a hit even when held; the gateway's policies run over regions and report their
+writes; and a trace file that is not in the Mooncake format is refused naming its line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.trace_file import read_trace
+from bench.trace_sim import main, replay_belady, replay_lru, run_policy
+from tests.support.synthetic_trace import conversations, write_trace
+
+
+@pytest.fixture
+def trace_path(tmp_path: Path) -> Path:
+    return write_trace(tmp_path / "trace.jsonl", conversations(40, 4, 3, 30.0, seed=3))
+
+
+def test_a_cache_that_never_evicts_hits_all_but_each_first_reference(trace_path: Path) -> None:
+    trace = read_trace(trace_path)
+    hits, writes = replay_lru(trace, capacity=trace.distinct)
+    assert hits == trace.references - trace.distinct and writes == trace.distinct
+    assert replay_belady(trace, trace.distinct)[0] == hits
+
+
+def test_belady_hits_at_least_lru_and_second_sighting_writes_less(trace_path: Path) -> None:
+    trace = read_trace(trace_path)
+    for capacity in (5, 20, 80):
+        lru_hits, lru_writes = replay_lru(trace, capacity)
+        assert replay_belady(trace, capacity)[0] >= lru_hits
+        assert replay_lru(trace, capacity, admit_seen_only=True)[1] < lru_writes
+
+
+def test_the_oracle_writes_only_blocks_read_again(trace_path: Path) -> None:
+    trace = read_trace(trace_path)
+    again = sum(1 for n in Counter(trace.blocks.tolist()).values() if n > 1)
+    assert replay_lru(trace, trace.distinct, oracle=True) == (
+        trace.references - trace.distinct,
+        again,
+    )
+
+
+def test_only_a_requests_prefix_hits(tmp_path: Path) -> None:
+    """Block 2 is held but block 1 before it is not: the second request hits block 0 only."""
+    path = write_trace(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0, 2]},
+            {"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [0, 1, 2]},
+        ],
+    )
+    assert replay_lru(read_trace(path), capacity=10) == (1, 3)
+
+
+def test_the_gateways_policies_run_over_regions(trace_path: Path) -> None:
+    trace = read_trace(trace_path)
+    everything = run_policy("region-lru", trace, 50.0, 4, 1000, 0.25, 60.0)
+    ours = run_policy("ours", trace, 50.0, 4, 1000, 0.25, 60.0)
+    budget = run_policy("ours-budget", trace, 50.0, 4, 1000, 0.25, 60.0, everything.bytes_written)
+    assert everything.blocks_written >= trace.distinct  # every block, and again once evicted
+    assert 0 < ours.hits <= trace.references - trace.distinct
+    assert budget.blocks_written < everything.blocks_written
+
+
+def test_the_report_has_a_row_per_capacity(trace_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    assert main([str(trace_path), "--capacities", "10,50", "--out", str(out)]) == 0
+    text = out.with_suffix(".md").read_text()
+    assert "| 10 % |" in text and "| 50 % |" in text and "belady" in text
+
+
+def test_a_line_that_is_not_a_request_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "hash_ids": [1]}\n{"timestamp": 5}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a request"):
+        read_trace(path)
