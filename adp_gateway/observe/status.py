@@ -83,7 +83,7 @@ def _size(size_bytes: int) -> str:
 
 def _admission(state: dict[str, Any]) -> list[str]:
     """Writes against the budget, and what admission admitted and declined."""
-    rate = f"writes {format_size(int(state['write_rate_bytes_per_s']))}/s"
+    rate = f"writes {_size(int(state['write_rate_bytes_per_s']))}/s"
     budget = state["write_budget_bytes_per_s"]
     if not state["enabled"]:
         rate += " (admission off: every store is written)"
@@ -91,13 +91,13 @@ def _admission(state: dict[str, Any]) -> list[str]:
         rate += " (no write budget)"
     else:
         rate += (
-            f" of a budget of {format_size(int(budget))}/s (bucket "
+            f" of a budget of {_size(int(budget))}/s (bucket "
             f"{100 * state['budget_level']:.0f} % full)"
         )
     rate += f", {state['drive_writes_per_day']:.2g} drive writes per day at that rate"
     stores = (
-        f"  stores admitted {state['admitted']} ({format_size(state['admitted_bytes'])}), "
-        f"declined {state['declined']} ({format_size(state['declined_bytes'])}; "
+        f"  stores admitted {state['admitted']} ({_size(state['admitted_bytes'])}), "
+        f"declined {state['declined']} ({_size(state['declined_bytes'])}; "
         f"{state['declined_for_budget']} for the budget)"
     )
     age = state["eviction_age_s"]
