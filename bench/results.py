@@ -105,6 +105,15 @@ BENCHMARKS = {
         "A returning prompt through vLLM: restored from the gateway against recomputed",
         "bench.ttft_restore:markdown",
     ),
+    "ab": Benchmark(
+        "ab",
+        "An interleaved A/B: this code against the commit before (bench/ab.sh)",
+        "bench.ab_report:markdown",
+        {
+            "matrix": "of `bench/matrix.py` (stores and loads on the disk)",
+            "lookup": "of `bench/lookup_under_load.py` (lookups during write-through)",
+        },
+    ),
     "trace_sim": Benchmark(
         "trace-sim",
         "A production request trace replayed offline: hits and writes per cache policy",
