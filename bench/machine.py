@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
 
 def machine(directory: Path) -> dict[str, Any]:
     """What the numbers depend on: the code, the CPUs and how busy they were, the filesystem."""
@@ -32,8 +34,11 @@ def commit_of_checkout() -> str:
 
 
 def _git(*args: str) -> str:
+    """Git in the checkout this code runs from, wherever the bench was started."""
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["git", *args], cwd=CHECKOUT, capture_output=True, text=True, timeout=30
+        )
     except OSError:
         return "unknown"
     return done.stdout.strip() if done.returncode == 0 else "unknown"

@@ -123,6 +123,7 @@ BENCHMARKS = {
         "trace-replay",
         "A production request trace through a real `lmcache server`: L2 hits and drive writes",
         "bench.trace_replay:markdown",
+        {"short": "a shorter part of the trace (its first requests: the command says how many)"},
     ),
     "two_adapters": Benchmark(
         "two-adapters",
