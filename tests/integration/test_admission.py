@@ -77,7 +77,7 @@ def test_past_a_tight_budget_stores_are_declined_reported_done_and_counted(
         text=True,
         timeout=60,
     ).stdout
-    assert "of a budget of 4.0 KiB/s" in lines and "declined" in lines
+    assert "of a budget of 4 KiB/s" in lines and "declined" in lines
     admission = status(gateway)["admission"]
     assert admission["declined"] == 40 - sum(found) and admission["declined_for_budget"] >= 1
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

@@ -78,7 +78,7 @@ def test_serve_script_runs_the_stack_and_ctrl_c_stops_it(workdir: Path, zero_cop
         assert run_mp_client(server, "store", 9, "--chunks", "2") == 0
         wait_until(server.l2_settled, 60, "the L2 stores")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 0, log.read_text()[-3000:]  # which path it took
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
