@@ -69,6 +69,11 @@ def lookup_figures(reports: dict[str, list[dict[str, Any]]]) -> Figures:
 FIGURES = {"matrix": matrix_figures, "lookup_under_load": lookup_figures}
 
 
+def commit_of(report: dict[str, Any]) -> str:
+    """The commit a round ran (an older bench names it only under ``machine``)."""
+    return str(report.get("commit") or report["machine"]["commit"])
+
+
 def compare(folder: Path) -> dict[str, Any]:
     reports = rounds(folder)
     benchmark = reports["new"][0]["benchmark"]
@@ -88,8 +93,8 @@ def compare(folder: Path) -> dict[str, Any]:
         )
     return {
         "compared": benchmark,
-        "base_commit": reports["base"][0]["commit"],
-        "new_commit": reports["new"][0]["commit"],
+        "base_commit": commit_of(reports["base"][0]),
+        "new_commit": commit_of(reports["new"][0]),
         "rounds": len(reports["new"]),
         "base_command": reports["base"][0]["command"],
         "rows": rows,

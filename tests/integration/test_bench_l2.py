@@ -3,7 +3,6 @@ and objects stored by one process load byte-exact in another after the gateway r
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,32 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BIN, Gateway
+from tests.support import Gateway
+from tests.support.lmcache_bench import bench_l2_figures
 
 pytestmark = pytest.mark.integration
 
 
 def bench(gateway: Gateway, out: Path, *args: str) -> dict[str, dict[str, float]]:
-    result = subprocess.run(
-        [
-            str(BIN / "lmcache"),
-            "bench",
-            "l2",
-            "--l2-adapter",
-            gateway.l2_adapter_json(),
-            "--format",
-            "json",
-            "--output",
-            str(out),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics: dict[str, dict[str, float]] = json.loads(out.read_text())["metrics"]
-    return {m["operation"]: m for k, m in metrics.items() if k.startswith("op_")}
+    return bench_l2_figures(gateway, out, *args)
 
 
 @pytest.mark.parametrize(

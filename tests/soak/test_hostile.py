@@ -34,6 +34,7 @@ from tests.support import (
     store_then_load_from_l2,
     wait_until,
 )
+from tests.support.lmcache_bench import bench_l2_figures
 
 pytestmark = [
     pytest.mark.integration,
@@ -48,34 +49,13 @@ REFUSAL_KINDS_MAX = 12  # kinds of refusal reason a stranger can draw (refusals.
 
 def bench_l2(gateway: Gateway, out: Path) -> dict[str, Any]:
     """One run of LMCache's own harness through our plugin: its operations' figures."""
-    result = subprocess.run(
-        [
-            str(BIN / "lmcache"),
-            "bench",
-            "l2",
-            "--l2-adapter",
-            gateway.l2_adapter_json(),
-            "--no-skip-verify",
-            "--l1-align-bytes",
-            "4096",
-            "--data-size-kb",
-            "256",
-            "--num-keys",
-            "32",
-            "--lookup-max-hit-rate",
-            "1",
-            "--format",
-            "json",
-            "--output",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return bench_l2_figures(
+        gateway,
+        out,
+        *("--no-skip-verify", "--l1-align-bytes", "4096", "--data-size-kb", "256"),
+        *("--num-keys", "32", "--lookup-max-hit-rate", "1"),
+        timeout_s=300,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics: dict[str, dict[str, Any]] = json.loads(out.read_text())["metrics"]
-    return {m["operation"]: m for k, m in metrics.items() if k.startswith("op_")}
 
 
 def strangers(gateway: Gateway, seconds: float) -> list[subprocess.Popen[str]]:
