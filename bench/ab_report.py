@@ -69,6 +69,11 @@ def lookup_figures(reports: dict[str, list[dict[str, Any]]]) -> Figures:
 FIGURES = {"matrix": matrix_figures, "lookup_under_load": lookup_figures}
 
 
+def started_of(report: dict[str, Any]) -> str | None:
+    started = report.get("started") or report.get("machine", {}).get("started")
+    return str(started) if started else None
+
+
 def commit_of(report: dict[str, Any]) -> str:
     """The commit a round ran (an older bench names it only under ``machine``)."""
     return str(report.get("commit") or report["machine"]["commit"])
@@ -96,6 +101,8 @@ def compare(folder: Path) -> dict[str, Any]:
         "base_commit": commit_of(reports["base"][0]),
         "new_commit": commit_of(reports["new"][0]),
         "rounds": len(reports["new"]),
+        # the A/B's start, the result's date (the base's bench may not say; the new one's does)
+        "started": started_of(reports["base"][0]) or reports["new"][0].get("date"),
         "base_command": reports["base"][0]["command"],
         "rows": rows,
     }
