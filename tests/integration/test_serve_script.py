@@ -33,8 +33,20 @@ def serve(
     env = {**os.environ, "ADP_EXTRAS": "test", "TMPDIR": str(workdir), **env_extra}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [*argv, *extra], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [*argv, *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=at_a_terminal,
         )
+
+
+def at_a_terminal() -> None:
+    """SIGINT as a terminal's shell gives it: a shell started with SIGINT ignored (as a job
+    started in the background of a non-interactive shell is) cannot trap it, and CI may start
+    the tests so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ready(proc: subprocess.Popen[bytes], log: Path) -> bool:
