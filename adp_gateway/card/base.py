@@ -242,6 +242,12 @@ class Card(abc.ABC):
     @abc.abstractmethod
     def sync_all(self) -> None: ...
 
+    def write_cost(self, namespace: str, name: str, value_bytes: int) -> int:
+        """The bytes a put of this value writes to the card's devices, its share of what the
+        card writes beside values included: what the drive's write budget is charged. This
+        default: the value's bytes."""
+        return value_bytes
+
     def eviction_age_s(self) -> float | None:
         """How long values lately lasted before the card evicted them; None while it has not
         evicted, or when the card does not say (this default)."""

@@ -130,10 +130,22 @@ class ObjectStore:
         try:
             print_ = fingerprint(f"{tenant}/{key}")
             age = self.card.eviction_age_s()
-            return self._admission.admit(print_, object_bytes, time.monotonic(), age, held)
+            cost = self.write_cost(tenant, key, object_bytes)
+            now_s = time.monotonic()
+            return self._admission.admit(print_, object_bytes, now_s, age, held, cost)
         except Exception:  # a bug in a policy must not cost the store, nor the session
             log.exception("admission failed; the store is written")
             return True
+
+    def write_cost(self, tenant: str, key: str, object_bytes: int) -> int:
+        """What a put of this object would write to the card's devices (the write budget's
+        charge)."""
+        plan = self.fragment_plan(tenant, key, object_bytes)
+        version = Version(0, object_bytes, self.fragment_bytes, len(plan))  # numbered at put
+        return sum(
+            self.card.write_cost(tenant, fragment_name(key, version, f.number), f.length)
+            for f in plan
+        )
 
     def admission_statistics(self) -> AdmissionStatistics:
         return self._admission.statistics(time.monotonic())

@@ -129,11 +129,14 @@ class Admission:
         now_s: float,
         eviction_age_s: float | None,
         held: bool = False,
+        drive_bytes: int | None = None,
     ) -> bool:
         """Whether to write this store of ``nbytes``. ``eviction_age_s``: how long objects
         lately lasted on the card before eviction (the card's ``eviction_age_s``), None while it
         is not evicting;
-        ``held``: the store holds the key already (nothing will be written)."""
+        ``held``: the store holds the key already (nothing will be written); ``drive_bytes``:
+        what writing it costs the drive (the card's ``write_cost``; default ``nbytes``), which
+        the budget and the demand it weighs count in."""
         if not self.settings.enabled:
             return self._count(True, nbytes)
         with self._lock:
@@ -143,7 +146,8 @@ class Admission:
             if held:
                 return True
             self._eviction_age_s = eviction_age_s
-            self._demand.add(seen_before, nbytes, now_s)
+            cost = nbytes if drive_bytes is None else drive_bytes
+            self._demand.add(seen_before, cost, now_s)
             budget_bar = self._budget_bar(now_s)
             self._bar = max(self.settings.bar_floor, self._pressure_bar(eviction_age_s))
             self._bar = max(self._bar, budget_bar)
@@ -151,7 +155,7 @@ class Admission:
             if rank <= self._bar:
                 self._for_budget += rank <= budget_bar
                 return self._count_locked(False, nbytes)
-            if self._budget is not None and not self._budget.take(nbytes, now_s):
+            if self._budget is not None and not self._budget.take(cost, now_s):
                 self._for_budget += 1
                 return self._count_locked(False, nbytes)
             return self._count_locked(True, nbytes)

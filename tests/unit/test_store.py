@@ -16,7 +16,15 @@ from adp_gateway.card.software.devices.base import Device
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.regionlog import RegionLog
 from adp_gateway.card.software.values import ValueIO
-from tests.support.storage import REGION, extent, locations, make_devices, open_store, payload
+from tests.support.storage import (
+    REGION,
+    extent,
+    locations,
+    make_devices,
+    open_store,
+    payload,
+    software_card,
+)
 
 SIZE = 4096 + 8 * REGION
 
@@ -216,3 +224,31 @@ def test_a_value_io_pass_waits_for_every_database_whatever_the_callers_own_raise
         assert ended and ended[0] <= raised
     finally:
         io.close()
+
+
+class CountingDevice(MemoryDevice):
+    """A device in memory that counts the bytes written to it."""
+
+    written = 0
+
+    def write(self, buffers: list[memoryview], offset: int) -> None:
+        super().write(buffers, offset)
+        self.written += sum(len(buf) for buf in buffers)
+
+
+@pytest.mark.parametrize("size", [4096, 60_000, 3 * 2**16 + 100])
+def test_a_stores_write_cost_is_what_the_card_writes_for_it(size: int) -> None:
+    """The write budget is charged ``write_cost``: within 3 % of what reaches the devices,
+    record headers, footers and start records included, where the payload alone is 10 % or
+    more short of it."""
+    devices = [CountingDevice(SIZE), CountingDevice(SIZE)]
+    store = open_store(devices)
+    before = sum(d.written for d in devices)
+    keys = [f"prompt-{i}/chunk" for i in range(8 * REGION // (size + 8192))]
+    cost = sum(store.write_cost("t", key, size) for key in keys)
+    for i, key in enumerate(keys):
+        store.put("t", key, extent(payload(i, size)), size)
+    written = sum(d.written for d in devices) - before
+    assert software_card(store).statistics().reclaims == 0  # nothing evicted, nothing lost
+    assert abs(cost - written) <= 0.03 * written, (cost, written)
+    assert len(keys) * size <= 0.9 * written

@@ -41,6 +41,7 @@ from adp_gateway.card.software.formatting import format_databases
 from adp_gateway.card.software.index import Index, Manifest, ValueId
 from adp_gateway.card.software.pools import Pools
 from adp_gateway.card.software.regionlog import RegionLog
+from adp_gateway.card.software.sealing import write_cost
 from adp_gateway.card.software.settings import SoftwareCardConfig, software_config
 from adp_gateway.card.software.values import ValueIO, intact
 from adp_gateway.card.software.victims import Ranking
@@ -212,6 +213,10 @@ class SoftwareCard(Card):
         if self._prepare:
             self._log.prepare_in_background()
         return found
+
+    def write_cost(self, namespace: str, name: str, value_bytes: int) -> int:
+        names_bytes = len(namespace.encode()) + len(name.encode())
+        return write_cost(value_bytes, names_bytes, self._log.region_bytes)
 
     def eviction_age_s(self) -> float | None:
         return self._log.eviction_age_s()

@@ -134,6 +134,15 @@ def fits(region: Region, header: RecordHeader, region_bytes: int) -> bool:
     return region.used_bytes + header.record_bytes + footer + TRAILER_BYTES <= region_bytes
 
 
+def write_cost(payload_bytes: int, names_bytes: int, region_bytes: int) -> int:
+    """The device bytes a record of ``payload_bytes`` costs when written: its header page and
+    payload pages, its footer entry, and its share of its region's start record and trailer
+    (a region filled with such records holds as many as fit)."""
+    record = HEADER_BYTES + align_up(payload_bytes) + ENTRY_BYTES_MAX + names_bytes
+    per_region = max(1, (region_bytes - HEADER_BYTES - TRAILER_BYTES) // record)
+    return record + -(-(HEADER_BYTES + TRAILER_BYTES) // per_region)
+
+
 def write_footer(
     reader: RegionReader, salt: int, epoch: int, records: list[tuple[int, RecordHeader]]
 ) -> bool:
