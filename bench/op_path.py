@@ -130,6 +130,7 @@ def run_size(
         gateway.stop()
         del os.environ[trace.ENV]
     stamps = sorted(plugin + [s for f in work.glob("trace.*") for s in trace.read(f)])
+    shutil.rmtree(work, ignore_errors=True)  # on tmpfs the database holds that much RAM
     moved = len(names) * object_bytes
     cells = [
         cell("store", object_bytes, keys, stores, stamps),
