@@ -130,7 +130,9 @@ class ObjectStore:
         try:
             print_ = fingerprint(f"{tenant}/{key}")
             age = self.card.eviction_age_s()
-            cost = self.write_cost(tenant, key, object_bytes)
+            # The cost is a plan and a name per fragment: only what admission will weigh.
+            weighed = self._admission.settings.enabled and not held
+            cost = self.write_cost(tenant, key, object_bytes) if weighed else object_bytes
             now_s = time.monotonic()
             return self._admission.admit(print_, object_bytes, now_s, age, held, cost)
         except Exception:  # a bug in a policy must not cost the store, nor the session
