@@ -199,7 +199,9 @@ class RegionCache:
     ) -> None:
         count = max(2, capacity // blocks_per_region)
         self.per_region = blocks_per_region
-        self.ranking = ranking
+        self.choose: VictimChoice = (
+            ranking if callable(ranking) else partial(choose_victim, ranking)
+        )
         self.state = np.zeros(count, np.int8)
         self.live = np.zeros(count, np.int64)
         self.last_access = np.zeros(count, np.int64)
@@ -257,8 +259,7 @@ class RegionCache:
             dead = oldest[self.prefer(oldest)]
             if dead.size:
                 sealed = dead
-        choose = self.ranking if callable(self.ranking) else partial(choose_victim, self.ranking)
-        pick = choose(
+        pick = self.choose(
             self.live[sealed],
             self.last_access[sealed],
             self.filled_at[sealed],
