@@ -16,10 +16,6 @@ from tests.support.lmcache_bench import bench_l2_figures
 pytestmark = pytest.mark.integration
 
 
-def bench(gateway: Gateway, out: Path, *args: str) -> dict[str, dict[str, float]]:
-    return bench_l2_figures(gateway, out, *args)
-
-
 @pytest.mark.parametrize(
     ("size_kb", "align", "keys"),
     [
@@ -32,7 +28,7 @@ def bench(gateway: Gateway, out: Path, *args: str) -> dict[str, dict[str, float]
 def test_bench_l2_verifies_every_byte(
     gateway: Gateway, workdir: Path, size_kb: int, align: str, keys: str
 ) -> None:
-    ops = bench(
+    ops = bench_l2_figures(
         gateway,
         workdir / "bench.json",
         "--l1-align-bytes",
@@ -56,7 +52,7 @@ def test_a_burst_of_stores_over_the_sessions_window_is_stored_whole(
     session's window lets the plugin have at the gateway: the rest waits for room, and every
     key is stored and loads back byte-exact (the plugin once failed half of them at once)."""
     gateway = make_gateway("1GiB").start()
-    ops = bench(
+    ops = bench_l2_figures(
         gateway,
         workdir / "burst.json",
         *("--l1-align-bytes", "4096", "--data-size-kb", "4096", "--num-keys", "32"),
@@ -70,10 +66,10 @@ def test_bench_store_then_load_in_new_processes_across_a_gateway_restart(
     gateway: Gateway, workdir: Path
 ) -> None:
     common = ("--l1-align-bytes", "4096", "--data-size-kb", "4096", "--num-keys", "8")
-    stored = bench(gateway, workdir / "store.json", "--only", "store", *common)["Store"]
+    stored = bench_l2_figures(gateway, workdir / "store.json", "--only", "store", *common)["Store"]
     assert stored["total_success"] == stored["total_keys"] == 8
     gateway.restart()
-    loaded = bench(gateway, workdir / "load.json", "--only", "load", *common)["Load"]
+    loaded = bench_l2_figures(gateway, workdir / "load.json", "--only", "load", *common)["Load"]
     assert loaded["total_success"] == 8
 
 
