@@ -2,6 +2,13 @@
 start), ``input_length``, ``output_length`` and ``hash_ids`` (the prompt's blocks as ids: two
 requests that share a prefix share its leading ids).
 
+A request's last block is usually partial (``input_length`` is seldom a multiple of the block's
+512 tokens). LMCache keys and stores whole chunks only (its ``TokenHasher`` discards a partial
+one), so a trace is read as LMCache would see it: each request's whole blocks, and a request
+shorter than one block not at all. On Mooncake's conversation trace that drops 4 % of the block
+references and 6.5 % of the distinct blocks, almost none of which is ever referenced again
+(each is the tail of one prompt, which the next turn extends into a different block).
+
 The project measures on Mooncake's conversation trace (Moonshot AI's Kimi service, published
 with the Mooncake FAST'25 paper, kvcache-ai/Mooncake, Apache License 2.0); its path is always
 given on the command line, never assumed.
@@ -15,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+BLOCK_TOKENS = 512  # the Mooncake format's tokens per block
 
 # What a report says of a trace it knows: where it comes from (its licence asks for this).
 SOURCES = {
@@ -74,7 +83,8 @@ class Trace:
 
 
 def read_trace(path: Path) -> Trace:
-    """Raises ValueError naming the line that is not a request of this format."""
+    """Each request's whole blocks (all its blocks where a line gives no ``input_length``).
+    Raises ValueError naming the line that is not a request of this format."""
     times, lengths, blocks = [], [], []
     with open(path) as lines:
         for number, line in enumerate(lines, 1):
@@ -83,14 +93,18 @@ def read_trace(path: Path) -> Trace:
             try:
                 request = json.loads(line)
                 ids = [int(h) for h in request["hash_ids"]]
-                times.append(float(request["timestamp"]) / 1000)
+                if "input_length" in request:
+                    ids = ids[: int(request["input_length"]) // BLOCK_TOKENS]
+                time_s = float(request["timestamp"]) / 1000
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(
                     f"{path}:{number}: not a request of the Mooncake trace format ({exc!r}): "
                     "each line needs a timestamp (ms) and hash_ids"
                 ) from exc
-            lengths.append(len(ids))
-            blocks += ids
+            if ids:
+                times.append(time_s)
+                lengths.append(len(ids))
+                blocks += ids
     order = np.argsort(np.array(times), kind="stable")
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     sorted_blocks = [blocks[starts[i] : starts[i + 1]] for i in order]

@@ -3,7 +3,8 @@ reference policies right, and runs the gateway's own policy code: a cache that n
 hits every reference but each block's first; Belady never hits less than LRU; second sighting
 writes only blocks seen before, the oracle only blocks read again; a block past a request's
 first miss is not a hit even when held; the gateway's policies run over regions and report their
-writes; and a trace file that is not in the Mooncake format is refused naming its line."""
+writes; a trace is read as LMCache sees it (whole blocks only); and a trace file that is not in
+the Mooncake format is refused naming its line."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def test_only_a_requests_prefix_hits(tmp_path: Path) -> None:
     path = write_trace(
         tmp_path / "t.jsonl",
         [
-            {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0, 2]},
-            {"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [0, 1, 2]},
+            {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [0, 2]},
+            {"timestamp": 1, "input_length": 1536, "output_length": 1, "hash_ids": [0, 1, 2]},
         ],
     )
     assert replay_lru(read_trace(path), capacity=10) == (1, 3)
@@ -74,6 +75,23 @@ def test_the_report_has_a_row_per_capacity(trace_path: Path, tmp_path: Path) -> 
     assert main([str(trace_path), "--capacities", "10,50", "--out", str(out)]) == 0
     text = out.with_suffix(".md").read_text()
     assert "| 10 % |" in text and "| 50 % |" in text and "belady" in text
+
+
+def test_a_trace_is_read_as_lmcache_sees_it_whole_blocks_only(tmp_path: Path) -> None:
+    """LMCache stores whole chunks only: a prompt's partial last block is no reference, and a
+    prompt shorter than one block no request; a line without ``input_length`` keeps its blocks."""
+    path = write_trace(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]},
+            {"timestamp": 1, "input_length": 300, "output_length": 1, "hash_ids": [3]},
+            {"timestamp": 2, "input_length": 1024, "output_length": 1, "hash_ids": [0, 4]},
+            {"timestamp": 3, "hash_ids": [0, 4, 5]},
+        ],
+    )
+    trace = read_trace(path)
+    assert trace.requests == 3
+    assert [trace.request(i) for i in range(3)] == [[0, 1], [0, 4], [0, 4, 5]]
 
 
 def test_a_line_that_is_not_a_request_is_named(tmp_path: Path) -> None:
