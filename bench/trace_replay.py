@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -279,26 +282,39 @@ def offline(setup: Setup, percent: float) -> dict[str, dict[str, float]]:
     return out
 
 
-def run_all(setup: Setup, contenders: list[str], capacities: list[float]) -> dict[str, Any]:
-    runs: list[Run] = []
-    offline_by = {}
-    if "fs_native" in contenders:
-        runs.append(run_contender(setup, "fs_native", None))
-    for percent in capacities:
-        offline_by[percent] = offline(setup, percent)
-        reference: Run | None = None
-        for contender in [c for c in contenders if c != "fs_native"]:
-            budget = None
-            if contender == "ours-budget":
+def run_all(
+    setup: Setup, contenders: list[str], capacities: list[float], jobs: int = 1
+) -> dict[str, Any]:
+    """Every contender at every capacity (fs_native once), ``jobs`` runs at a time, each in a
+    process of its own: a run is a server, a gateway and a client replaying one request at a
+    time, so a host with cores to spare runs several side by side in the time of one. A run of
+    ``ours-budget`` waits for ``gateway-lru``'s at its capacity, whose write rate sets its
+    budget."""
+    plain = [c for c in contenders if c not in ("fs_native", "ours-budget")]
+    if "ours-budget" in contenders and "gateway-lru" not in plain:
+        plain.append("gateway-lru")  # the budget's reference, reported only if asked for
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        offline_by = {percent: pool.submit(offline, setup, percent) for percent in capacities}
+        runs: dict[tuple[str, float | None], Future[Run]] = {}
+        if "fs_native" in contenders:
+            runs["fs_native", None] = pool.submit(run_contender, setup, "fs_native", None)
+        for percent in capacities:
+            for contender in plain:
+                runs[contender, percent] = pool.submit(run_contender, setup, contender, percent)
+        if "ours-budget" in contenders:
+            for percent in capacities:
                 # A quarter of what writing everything wrote per second, at this capacity.
-                reference = reference or run_contender(setup, "gateway-lru", percent)
+                reference = runs["gateway-lru", percent].result()
                 seconds = max(reference.seconds, 1e-9)
                 budget = setup.budget_share * reference.drive_written_bytes / seconds
-            run = run_contender(setup, contender, percent, budget)
-            if contender == "gateway-lru":
-                reference = run
-            runs.append(run)
-    return {"runs": runs, "offline": offline_by}
+                runs["ours-budget", percent] = pool.submit(
+                    run_contender, setup, "ours-budget", percent, budget
+                )
+        reported = [("fs_native", None)] + [(c, p) for p in capacities for c in contenders]
+        return {
+            "runs": [runs[key].result() for key in reported if key in runs],
+            "offline": {percent: done.result() for percent, done in offline_by.items()},
+        }
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -381,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks-per-region", type=int, default=4)
     parser.add_argument("--budget-share", type=float, default=0.25)
     parser.add_argument(
+        "--jobs", type=int, default=1, help="runs side by side (each a server, gateway, client)"
+    )
+    parser.add_argument(
         "--out", type=Path, help="write OUT.json and OUT.md (bench/results/trace-replay-vm)"
     )
     args = parser.parse_args(argv)
@@ -398,11 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         args.l1_gb,
         args.blocks_per_region,
         args.budget_share,
-        log=lambda line: print(line, flush=True),
+        log=partial(print, flush=True),
     )
     where = machine(Path("."))  # before the run: the code it ran
     results = run_all(
-        setup, args.contenders.split(","), [float(c) for c in args.capacities.split(",")]
+        setup, args.contenders.split(","), [float(c) for c in args.capacities.split(",")], args.jobs
     )
     report = {
         "command": "python -m bench.trace_replay " + " ".join(argv or sys.argv[1:]),
@@ -414,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         "block_bytes": setup.block_bytes,
         "l1_gb": args.l1_gb,
         "blocks_per_region": args.blocks_per_region,
+        "jobs": args.jobs,
         "runs": [
             asdict(r) | {"l2_hit_ratio": r.l2_hit_ratio, "hit_ratio": r.hit_ratio}
             for r in results["runs"]

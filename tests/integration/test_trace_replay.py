@@ -1,6 +1,7 @@
 """Goal: the trace replay benchmark (bench/trace_replay.py) keeps working: a small made-up trace
 replayed through a real ``lmcache server`` with our plugin and a real gateway, and through
-LMCache's fs_native with and without its own eviction, gives a report where the L2 serves
+LMCache's fs_native with and without its own eviction, side by side or one after another, gives
+a report where the L2 serves
 hits, fs_native without eviction hits every reuse the trace has, nothing fails, and what the
 gateway wrote is what it admitted."""
 
@@ -20,7 +21,7 @@ from tests.support.synthetic_trace import conversations, write_trace
 pytestmark = pytest.mark.integration
 
 
-def replay(tmp_path: Path, contenders: str, capacities: str) -> dict[str, Any]:
+def replay(tmp_path: Path, contenders: str, capacities: str, jobs: int = 1) -> dict[str, Any]:
     trace = write_trace(tmp_path / "trace.jsonl", conversations(12, 3, 3, 6.0, seed=5))
     out = tmp_path / "replay"
     done = subprocess.run(
@@ -35,6 +36,8 @@ def replay(tmp_path: Path, contenders: str, capacities: str) -> dict[str, Any]:
             capacities,
             "--contenders",
             contenders,
+            "--jobs",
+            str(jobs),
             "--out",
             str(out),
         ],
@@ -58,7 +61,7 @@ def check(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_a_small_trace_replays_through_each_l2(tmp_path: Path) -> None:
-    result = replay(tmp_path, "ours,lmcache-lru,fs_native", "50")
+    result = replay(tmp_path, "ours,lmcache-lru,fs_native", "50", jobs=2)
     runs = check(result)
     unbounded = runs["fs_native@None"]
     reuses = unbounded["references"] - 1 - 12 * 9  # every reference but each block's first
