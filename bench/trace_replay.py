@@ -58,7 +58,14 @@ from bench.results import write as write_result
 from bench.trace_client import ReplayClient, chunk_bytes
 from bench.trace_file import Trace, read_trace, source_of
 from bench.trace_sim import BURST_SHARE, replay_belady, replay_lru, summary
-from tests.support import Gateway, LMCacheServer, remove_tree, short_tmpdir, wait_until
+from tests.support import (
+    Gateway,
+    LMCacheServer,
+    free_port,
+    remove_tree,
+    short_tmpdir,
+    wait_until,
+)
 
 CONTENDERS = ("ours", "gateway-lru", "ours-budget", "lmcache-lru", "fs_native")
 CAPACITIES_PERCENT = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
@@ -143,7 +150,9 @@ def lmcache_hits(server: LMCacheServer) -> dict[str, float]:
     return found
 
 
-def gateway_config(setup: Setup, capacity_blocks: int, policy: dict[str, Any]) -> str:
+def gateway_config(
+    setup: Setup, capacity_blocks: int, policy: dict[str, Any], metrics_port: int
+) -> str:
     """The gateway's YAML: regions of ``blocks_per_region`` blocks, each block one fragment,
     as many regions as the capacity's blocks fill, the gateway at the model server's CPU
     priority (this bench measures hits and bytes, not lookup latency)."""
@@ -157,6 +166,7 @@ def gateway_config(setup: Setup, capacity_blocks: int, policy: dict[str, Any]) -
         "fragment_size": setup.block_bytes,
         "prepare_databases": False,
         "cpu_nice": 0,
+        "metrics_address": f"127.0.0.1:{metrics_port}",
         **policy,
     }
     return "\n".join(f"{k}: {json.dumps(v)}" for k, v in settings.items()) + "\n"
@@ -205,7 +215,8 @@ def run_contender(
                 burst_s = BURST_SHARE * setup.trace.duration_s / setup.speed
                 policy = {"write_budget": int(budget), "write_budget_burst_s": burst_s}
             config = workdir / "gateway.yaml"
-            config.write_text(gateway_config(setup, capacity_blocks, policy))
+            metrics_port = free_port()
+            config.write_text(gateway_config(setup, capacity_blocks, policy, metrics_port))
             gateway = Gateway(workdir, "1GiB", "--config", str(config))
             gateway.args.remove("--capacity")  # the config's
             gateway.args.remove("1GiB")
@@ -245,7 +256,7 @@ def run_contender(
         run.l1_hit_blocks = round(hits["l1"] / setup.block_tokens)
         run.l2_hit_blocks = round(hits["l2"] / setup.block_tokens)
         if gateway is not None:
-            run.gateway = gateway_status(gateway)
+            run.gateway = gateway_status(gateway, metrics_port)
     finally:
         if server is not None:
             server.stop()
@@ -262,11 +273,21 @@ def run_contender(
     return run
 
 
-def gateway_status(gateway: Gateway) -> dict[str, Any]:
+def gateway_status(gateway: Gateway, metrics_port: int) -> dict[str, Any]:
+    """What admission did, the regions evicted, and the stores the plugin handed the gateway
+    too late or could not hand it (``untaken_stores``: a gateway behind the store stream)."""
     from adp_gateway.observe.status import ask
 
-    status = ask(str(gateway.socket_path))
-    return {"admission": status["admission"], "evicted_regions": status["evicted_regions"]}
+    status = ask(str(gateway.socket_path))  # folds the sessions' counts into the metrics
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    untaken = re.findall(r"^adp_gateway_untaken_stores_total\{[^}]*\} (\S+)$", text, re.M)
+    return {
+        "admission": status["admission"],
+        "evicted_regions": status["evicted_regions"],
+        "untaken_stores": round(sum(float(count) for count in untaken)),
+    }
 
 
 def offline(setup: Setup, percent: float) -> dict[str, dict[str, float]]:
@@ -367,11 +388,18 @@ def markdown(report: dict[str, Any]) -> str:
             )
     late = max((r.late_s for r in runs), default=0.0)
     failed = sum(r.failed_requests for r in runs)
+    untaken = [
+        f"{r.contender} at {r.capacity_percent:g} %: {r.gateway['untaken_stores']}"
+        for r in runs
+        if r.gateway.get("untaken_stores")
+    ]
     lines += [
         "",
         f"Bytes read from the drive, the gateway's admission and timing are in the JSON. The "
         f"latest any request went was {late:.1f} s behind its time; {failed} requests failed "
-        "in all runs.",
+        "in all runs. Stores the plugin could not hand the gateway in time (untaken): "
+        + ("; ".join(untaken) if untaken else "none")
+        + ".",
     ]
     return "\n".join(lines) + "\n"
 

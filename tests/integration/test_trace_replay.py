@@ -68,6 +68,7 @@ def test_a_small_trace_replays_through_each_l2(tmp_path: Path) -> None:
     assert unbounded["hits"] == reuses and unbounded["l2_hit_blocks"] > 0
     ours = runs["ours@50.0"]
     assert 0 < ours["l2_hit_blocks"] <= ours["hits"] <= reuses
+    assert ours["gateway"]["untaken_stores"] == 0  # a light load: the gateway takes every store
     admission = ours["gateway"]["admission"]
     assert admission["admitted"] > 0
     block_bytes = result["block_bytes"]
