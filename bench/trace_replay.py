@@ -397,10 +397,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Bytes read from the drive, the gateway's admission and timing are in the JSON. The "
         f"latest any request went was {late:.1f} s behind its time; {failed} requests failed "
-        "in all runs. Stores the plugin could not hand the gateway in time (untaken): "
-        + ("; ".join(untaken) if untaken else "none")
-        + ".",
+        "in all runs.",
     ]
+    if any("untaken_stores" in r.gateway for r in runs):  # reports made before lack the count
+        lines[-1] += " Stores the plugin could not hand the gateway in time (untaken): " + (
+            "; ".join(untaken) if untaken else "none"
+        )
+        lines[-1] += "."
     return "\n".join(lines) + "\n"
 
 

@@ -11,9 +11,9 @@ Policies:
 - ``lru``: blocks, least recently used evicted, every store written (the reference the issue
   quotes: LRU 7.9 % at 2 % of Mooncake's conversation trace);
 - ``belady``: blocks, optimal offline: the block used furthest in the future is evicted, and a
-  block whose next use is further than every held one's is not written (31.4 % at 2 %);
+  block whose next use is further than every held one's is not written (32.1 % at 2 %);
 - ``second-sighting``: ``lru`` that writes a block only when it has been seen before, with an
-  unbounded record (14.3 % at 2 %, a quarter of LRU's writes);
+  unbounded record (14.2 % at 2 %, a quarter of LRU's writes);
 - ``oracle-lru``: ``lru`` that writes only blocks the trace references again: the most any
   admission can get in front of LRU;
 - the gateway's own policies, run as the gateway runs them: the admission of
