@@ -4,7 +4,7 @@ scan-resistant takes, among the oldest 20 % by filling, a region never read sinc
 that was read, yet never a young unread region before an old one; on the card itself, a flood
 of objects written once does not push out an older region that was read; and a database too
 large to rank every region at each eviction ranks a sample, yet still takes an emptied region
-first."""
+first; and the counts of regions a take keeps, so as not to pass over them all, stay right."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import numpy as np
 from adp_gateway.card.holdings import NO_HOLDINGS
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.eviction import choose_victim as choose_region
-from adp_gateway.card.software.regions import Database, LogState
+from adp_gateway.card.software.eviction import count_live
+from adp_gateway.card.software.pools import Allocator, Pools
+from adp_gateway.card.software.regions import SHARED_POOL, Database, Location, LogState
 from adp_gateway.card.software.victims import SAMPLE_REGIONS, Ranking, choose_victim, sample
 from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.store import ObjectStore
+from adp_wire.ring.layout import PAGE_BYTES
 from tests.support.storage import REGION, extent, open_card, payload
 
 
@@ -95,7 +98,30 @@ def test_a_large_database_is_ranked_over_a_sample_but_an_emptied_region_still_go
     state, db = big_database(count)
     chosen = choose_region(state, db, {""}, "")
     assert chosen.last_access < count * 0.01  # among the oldest 1 %, if not the oldest
-    db.regions[1234].live = 0
-    assert choose_region(state, db, {""}, "") is db.regions[1234]
+    emptied = db.regions[1234]
+    count_live(state, [Location(db.index, emptied.index, emptied.epoch, 0, 0)], -1)
+    assert choose_region(state, db, {""}, "") is emptied
     assert sample(SAMPLE_REGIONS, random.Random(0)) is None
     assert len(set(sample(count, random.Random(0)) or [])) == SAMPLE_REGIONS
+
+
+def test_the_counts_a_take_keeps_are_what_a_recount_finds() -> None:
+    """A take keeps each database's count of regions held by each pool and of free regions,
+    so that once none is free it passes over no more than a sample of them. Through fillings,
+    reclaims and emptied regions, under quotas, the counts it kept are those a count from
+    scratch finds, and an emptied region is the next taken."""
+    db = Database(0, MemoryDevice(PAGE_BYTES + 40 * REGION), REGION)
+    state = LogState([db], lambda *region: [])
+    allocator = Allocator(state, Pools({"a": 10, "b": 5}))
+    rng = random.Random(2)
+    for _ in range(300):
+        region = allocator.take(db, rng.choice(["a", "b", SHARED_POOL]))
+        region.live = 1
+        assert db.held is not None
+        kept = (dict(+db.held), db.free_regions)
+        db.held = None
+        assert (dict(+db.count_regions()), db.free_regions) == kept
+    assert kept == ({"a": 10, "b": 5, SHARED_POOL: 25}, 0)
+    victim = max((r for r in db.regions if r.pool == "b"), key=lambda r: r.last_access)
+    count_live(state, [Location(db.index, victim.index, victim.epoch, 0, 0)], -1)
+    assert allocator.take(db, "b") is victim

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -77,17 +76,22 @@ class Allocator:
         lowered quota leaves). Raises StorageError when none may be taken."""
         state = self._state
         db.takes += 1
-        held = Counter(r.pool for r in db.regions if r.epoch)
-        free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
+        held = db.count_regions()
+        free = []
+        if db.free_regions:  # a pass over the regions only while some were never filled
+            free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
         below = held[pool] < self.pools.limit(pool, len(db.regions))
         if free and below:  # written-once regions first, then in order
             region = min(free, key=lambda r: (r.prepared_bytes < db.region_bytes, r.index))
             carried = region.carried
+            db.free_regions -= 1
         else:
             over = {p for p, n in held.items() if n > self.pools.limit(p, len(db.regions))}
             region = choose_victim(state, db, over if below else {pool}, pool)
             carried = state.on_reclaim(db.index, region.index, region.epoch)
             state.reclaims += 1
+            held[region.pool] -= 1
+        held[pool] += 1
         region.refill(state.next_epoch, next(state.clock), pool)
         state.next_epoch += 1
         region.carried = []

@@ -104,6 +104,8 @@ class RegionScan:
         top = max((r.epoch for r in regions), default=0)
         self._state.next_epoch = top + 1
         self._state.clock = itertools.count(top + 1)
+        for db in self._state.databases:
+            db.held = None  # the take after recovery counts the regions again
 
     def _recover_region(self, db: Database, region: Region) -> list[FooterRow]:
         reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)

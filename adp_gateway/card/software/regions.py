@@ -11,6 +11,7 @@ import itertools
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -108,7 +109,25 @@ class Database:
         self.busy = 0  # appends and reads in progress; under the log's lock
         self.last_io = 0.0  # monotonic time the last of them ended
         self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
+        # Regions filled, by pool, and regions never filled (epoch 0): counted from the regions
+        # at the first take after recovery, then kept by the takes, the only change to a
+        # region's epoch or pool after it, so that a take passes over every region only while
+        # some are free (a drive's worth of regions is 10**5: a pass costs milliseconds).
+        self.held: Counter[str] | None = None
+        self.free_regions = 0
+        # Regions whose records the store no longer uses (count_live brought them to 0), by
+        # index: reclaimed first, whatever sample the ranking draws.
+        self.emptied: dict[int, Region] = {}
         self._find_unwritten()
+
+    def count_regions(self) -> Counter[str]:
+        """Under the log's lock: ``held``, counted now if not yet, with ``free_regions`` and
+        ``emptied`` (after recovery, the regions none of whose records the store took)."""
+        if self.held is None:
+            self.held = Counter(r.pool for r in self.regions if r.epoch)
+            self.free_regions = sum(1 for r in self.regions if r.epoch == 0)
+            self.emptied = {r.index: r for r in self.regions if r.epoch and r.live == 0}
+        return self.held
 
     def _find_unwritten(self) -> None:
         """Mark the regions that hold blocks never written, as far as the device can tell."""
