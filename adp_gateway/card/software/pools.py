@@ -77,13 +77,10 @@ class Allocator:
         state = self._state
         db.takes += 1
         held = db.count_regions()
-        free = []
-        if db.free_regions:  # a pass over the regions only while some were never filled
-            free = [r for r in db.regions if r.epoch == 0 and not r.preparing]
         below = held[pool] < self.pools.limit(pool, len(db.regions))
-        if free and below:  # written-once regions first, then in order
-            region = min(free, key=lambda r: (r.prepared_bytes < db.region_bytes, r.index))
-            carried = region.carried
+        free = db.next_free() if below else None  # written-once regions first, then in order
+        if free is not None:
+            region, carried = free, free.carried
             db.free_regions -= 1
         else:
             over = {p for p, n in held.items() if n > self.pools.limit(p, len(db.regions))}

@@ -59,6 +59,7 @@ class Preparation:
             if held.prepared_bytes < db.region_bytes and room and db.idle(idle_s):
                 return True
             held.preparing = False
+            db.free_order = None  # it may now go before regions still unwritten
             return False
 
     def give_back(self, database: int, region: int, upto: int) -> None:
@@ -67,3 +68,4 @@ class Preparation:
             held = db.regions[region]
             held.prepared_bytes = upto - db.region_offset(region)
             held.preparing = False
+            db.free_order = None

@@ -11,7 +11,7 @@ import itertools
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -115,6 +115,9 @@ class Database:
         # some are free (a drive's worth of regions is 10**5: a pass costs milliseconds).
         self.held: Counter[str] | None = None
         self.free_regions = 0
+        # The free regions in the order they are taken: written-once (prepared) first, then by
+        # index; None: to sort again (after recovery, and when the preparer gives one back).
+        self.free_order: deque[Region] | None = None
         # Regions whose records the store no longer uses (count_live brought them to 0), by
         # index: reclaimed first, whatever sample the ranking draws.
         self.emptied: dict[int, Region] = {}
@@ -127,7 +130,25 @@ class Database:
             self.held = Counter(r.pool for r in self.regions if r.epoch)
             self.free_regions = sum(1 for r in self.regions if r.epoch == 0)
             self.emptied = {r.index: r for r in self.regions if r.epoch and r.live == 0}
+            self.free_order = None
         return self.held
+
+    def next_free(self) -> Region | None:
+        """Under the log's lock: the free region to fill next (written-once first, then by
+        index; none the preparer holds), without a pass over every region at each take."""
+        if not self.free_regions:
+            return None
+        if self.free_order is None:
+            written_once = self.region_bytes
+            self.free_order = deque(
+                sorted(
+                    (r for r in self.regions if r.epoch == 0),
+                    key=lambda r: (r.prepared_bytes < written_once, r.index),
+                )
+            )
+        while self.free_order and self.free_order[0].epoch:
+            self.free_order.popleft()
+        return next((r for r in self.free_order if r.epoch == 0 and not r.preparing), None)
 
     def _find_unwritten(self) -> None:
         """Mark the regions that hold blocks never written, as far as the device can tell."""
