@@ -111,8 +111,8 @@ class Database:
         self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
         # Regions filled, by pool, and regions never filled (epoch 0): counted from the regions
         # at the first take after recovery, then kept by the takes, the only change to a
-        # region's epoch or pool after it, so that a take passes over every region only while
-        # some are free (a drive's worth of regions is 10**5: a pass costs milliseconds).
+        # region's epoch or pool after it, so that a take need not pass over every region (a
+        # drive's worth of regions is 10**5: a pass costs milliseconds, under the lock).
         self.held: Counter[str] | None = None
         self.free_regions = 0
         # The free regions in the order they are taken: written-once (prepared) first, then by
