@@ -138,16 +138,19 @@ def process_io(pid: int) -> tuple[int, int]:
     return written, read
 
 
+def counter_total(port: int, name: str) -> float:
+    """The Prometheus counter ``name`` on the ``/metrics`` at ``port``, summed over its labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+
 def lmcache_hits(server: LMCacheServer) -> dict[str, float]:
     """Tokens the server's lookups found in L1 and in L2 so far."""
-    url = f"http://127.0.0.1:{server.http_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    found = {}
-    for tier in ("l1", "l2"):
-        pattern = rf"^lmcache_mp_lookup_hit_{tier}_tokens_total\{{[^}}]*\}} (\S+)$"
-        found[tier] = sum(float(v) for v in re.findall(pattern, text, re.M))
-    return found
+    return {
+        tier: counter_total(server.http_port, f"lmcache_mp_lookup_hit_{tier}_tokens_total")
+        for tier in ("l1", "l2")
+    }
 
 
 def gateway_config(
@@ -279,14 +282,11 @@ def gateway_status(gateway: Gateway, metrics_port: int) -> dict[str, Any]:
     from adp_gateway.observe.status import ask
 
     status = ask(str(gateway.socket_path))  # folds the sessions' counts into the metrics
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    untaken = re.findall(r"^adp_gateway_untaken_stores_total\{[^}]*\} (\S+)$", text, re.M)
+    untaken = counter_total(metrics_port, "adp_gateway_untaken_stores_total")
     return {
         "admission": status["admission"],
         "evicted_regions": status["evicted_regions"],
-        "untaken_stores": round(sum(float(count) for count in untaken)),
+        "untaken_stores": round(untaken),
     }
 
 
@@ -400,10 +400,8 @@ def markdown(report: dict[str, Any]) -> str:
         "in all runs.",
     ]
     if any("untaken_stores" in r.gateway for r in runs):  # reports made before lack the count
-        lines[-1] += " Stores the plugin could not hand the gateway in time (untaken): " + (
-            "; ".join(untaken) if untaken else "none"
-        )
-        lines[-1] += "."
+        named = "; ".join(untaken) if untaken else "none"
+        lines[-1] += f" Stores the plugin could not hand the gateway in time (untaken): {named}."
     return "\n".join(lines) + "\n"
 
 

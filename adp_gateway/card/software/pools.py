@@ -81,14 +81,12 @@ class Allocator:
         free = db.next_free() if below else None  # written-once regions first, then in order
         if free is not None:
             region, carried = free, free.carried
-            db.free_regions -= 1
         else:
             over = {p for p, n in held.items() if n > self.pools.limit(p, len(db.regions))}
             region = choose_victim(state, db, over if below else {pool}, pool)
             carried = state.on_reclaim(db.index, region.index, region.epoch)
             state.reclaims += 1
-            held[region.pool] -= 1
-        held[pool] += 1
+        db.filling(region, pool)
         region.refill(state.next_epoch, next(state.clock), pool)
         state.next_epoch += 1
         region.carried = []

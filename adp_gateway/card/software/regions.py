@@ -110,7 +110,7 @@ class Database:
         self.last_io = 0.0  # monotonic time the last of them ended
         self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
         # Regions filled, by pool, and regions never filled (epoch 0): counted from the regions
-        # at the first take after recovery, then kept by the takes, the only change to a
+        # at the first take after recovery, then kept by ``filling``, the only change to a
         # region's epoch or pool after it, so that a take need not pass over every region (a
         # drive's worth of regions is 10**5: a pass costs milliseconds, under the lock).
         self.held: Counter[str] | None = None
@@ -132,6 +132,16 @@ class Database:
             self.emptied = {r.index: r for r in self.regions if r.epoch and r.live == 0}
             self.free_order = None
         return self.held
+
+    def filling(self, region: Region, pool: str) -> None:
+        """Under the log's lock: ``region``, free or reclaimed from its pool, is about to be
+        filled for ``pool`` (before its ``refill``): the counts follow."""
+        held = self.count_regions()
+        if region.epoch:
+            held[region.pool] -= 1
+        else:
+            self.free_regions -= 1
+        held[pool] += 1
 
     def next_free(self) -> Region | None:
         """Under the log's lock: the free region to fill next (written-once first, then by
