@@ -13,7 +13,9 @@
 # /dev/shm has room: (STEPS=restore_tmpfs, RESTORE_TMPFS_ARGS) the long restore with the gateway's
 # databases and fs_native on /dev/shm and LMCache alone (--ram-l2 /dev/shm/adp-h200-ram), and
 # (STEPS=matrix_tmpfs, MATRIX_TMPFS_ARGS) bench/matrix.py with every contender on /dev/shm and
-# LMCache alone (--ram-l2).
+# LMCache alone (--ram-l2); and (STEPS=trace_replay, TRACE_REPLAY_ARGS) bench/trace_replay.py, a
+# production trace through the real stack with its contenders side by side, the GPU hidden (the
+# replay's KV is CPU memory), the trace carried as mooncake_conversation_trace.jsonl in the root.
 # It replaces the earlier floor_h200.sh and gpu_restore.sh (their results keep their commands).
 # Staging, on the CPU host from the repository root (the GPU host's device tooling, not part of
 # this repository, has the wheel list and the shim; bench/gpu_lmc.py says why the shim):
@@ -159,6 +161,11 @@ for step in $STEPS; do
           --out "$OUT/long-restore-tmpfs-$CARD-r$r" --logs "$OUT/logs/restore-tmpfs-r$r"
         echo "long_restore_tmpfs round $r rc=$?"; rm -rf "$T" "$R"
       done ;;
+    trace_replay)  # issue 44: hits and drive writes per capacity, one process per run
+      A=${TRACE_REPLAY_ARGS:---speed 8 --capacities 1,2,10,50 --contenders ours,gateway-lru,lmcache-lru,fs_native --jobs 13}
+      ts "== trace_replay ($A)"
+      CUDA_VISIBLE_DEVICES= ADP_LMCACHE_BIN=$BIN timeout $(( $(left) - 5 )) $PY -m bench.trace_replay \
+        "${TRACE:-mooncake_conversation_trace.jsonl}" $A --out "$OUT/trace-replay-$CARD"; echo "trace_replay rc=$?" ;;
     restore)
       for r in $(seq "$FIRST_ROUND" $(( FIRST_ROUND + ROUNDS - 1 ))); do
         [ "$(left)" -lt "${ROUND_S:-200}" ] && { ts "no time left for round $r"; break; }

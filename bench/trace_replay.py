@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from adp_wire.units import format_size
+from bench.harness import LMCACHE_BIN
 from bench.machine import machine
 from bench.results import write as write_result
 from bench.trace_client import ReplayClient, chunk_bytes
@@ -242,6 +243,7 @@ def run_contender(
         server = LMCacheServer(
             workdir,
             spec,
+            bin_dir=LMCACHE_BIN,
             l1_size_gb=setup.l1_gb,
             chunk_size=setup.block_tokens,
             flags={"--l2-store-policy": "skip_l1"},  # L1 keeps a store only until L2 has it
