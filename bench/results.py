@@ -118,6 +118,7 @@ BENCHMARKS = {
         "trace-sim",
         "A production request trace replayed offline: hits and writes per cache policy",
         "bench.trace_sim:markdown",
+        {"blocks": "regions of one block: the policies without the card's region granularity"},
     ),
     "trace_replay": Benchmark(
         "trace-replay",

@@ -457,11 +457,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"{trace['references']} block references, {trace['distinct']} distinct blocks over "
         f"{trace['duration_s']:.0f} s; a cache that never evicts hits "
         f"{100 * trace['infinite_hit_ratio']:.1f} %. Regions of {report['blocks_per_region']} "
-        f"block(s); {format_size(report['block_bytes'])} per block; ours-budget: a budget of "
-        f"{report['budget_share']:g} of region-lru's write rate, a bucket of "
-        f"{report['burst_s']:g} s of it.",
+        f"block(s); {format_size(report['block_bytes'])} per block"
+        + (
+            f"; ours-budget: a budget of {report['budget_share']:g} of region-lru's write rate, "
+            f"a bucket of {report['burst_s']:g} s of it."
+            if "ours-budget" in policies
+            else "."
+        ),
         "",
-        "Hit ratio over block references, % (and % of Belady's):",
+        "Hit ratio over block references, %"
+        + (" (and % of Belady's):" if "belady" in policies else ":"),
         "",
         "| capacity | " + " | ".join(policies) + " |",
         "|---|" + "---|" * len(policies),
