@@ -19,7 +19,7 @@ Policies:
 - the gateway's own policies, run as the gateway runs them: the admission of
   ``adp_gateway/policy/admission.py`` (the same class) in front of a log of regions of
   ``--blocks-per-region`` blocks, evicted whole in the order
-  ``adp_gateway/card/software/victims.py`` ranks them (the same function). ``region-lru``
+  ``adp_gateway/card/software/victims.py`` ranks them (the same class). ``region-lru``
   writes everything and evicts by LRU (the gateway before admission existed); ``ours`` is the
   gateway's default (admission under pressure, scan-resistant eviction); ``ours-lru`` the same
   admission with LRU eviction; ``gateway-ss`` the gateway's admission held at second sighting
@@ -43,12 +43,10 @@ import heapq
 import itertools
 import json
 import math
-import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from adp_gateway.card.software.eviction_ages import EvictionAges
-from adp_gateway.card.software.victims import Ranking, choose_victim, sample
+from adp_gateway.card.software.victims import EvictionOrder, Ranking
 from adp_gateway.policy.admission import Admission, AdmissionSettings
 from adp_wire.presence import fingerprint
 from adp_wire.units import format_size, parse_size
@@ -81,7 +79,6 @@ POLICIES = (
 # ours-budget's bucket, as a share of the trace's time: the written rate over the run can exceed
 # the budget by the bucket it started with, so a bucket of 5 % keeps it within 10 %.
 BURST_SHARE = 0.05
-_FREE, _OPEN, _SEALED = 0, 1, 2
 Indices = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 
@@ -178,7 +175,7 @@ OLDER_SHARE = 0.5  # fewest_reads_first ranks the older half of the regions
 def fewest_reads_first(
     live: Indices, last_access: Indices, filled_at: Indices, reads: Indices
 ) -> int:
-    """A frequency-aware eviction, as ``choose_victim`` takes its arrays: a region that holds
+    """A frequency-aware eviction, over the sealed regions' arrays: a region that holds
     nothing live first, then among the older half of the regions (by when their filling began)
     the one read least often, least recently used among equals. On the production trace it hit
     less than the gateway's scan-resistant ranking at every capacity (trace-sim-vm): reuse
@@ -189,83 +186,96 @@ def fewest_reads_first(
     return int(np.argmin(score + (np.int64(1) << 58) * (live > 0)))
 
 
+@dataclass
+class SimRegion:
+    """A region as the ranking reads it (victims.Ranked), and the blocks it holds."""
+
+    index: int
+    last_access: int = 0
+    filled_at: int = 0
+    reads: int = 0
+    last_access_s: float = 0.0
+    members: list[int] = dataclasses.field(default_factory=list)
+
+
 class RegionCache:
     """The software card as the policies see it: regions of ``blocks_per_region`` blocks
-    filled in order, one open at a time, reclaimed whole in the order ``choose_victim`` ranks
-    the sealed ones; ``EvictionAges`` hears each reclaim as the card's does."""
+    filled in order, one open at a time, reclaimed whole in the order the card's
+    ``EvictionOrder`` ranks them (or a ``VictimChoice`` weighed against it);
+    ``EvictionAges`` hears each reclaim as the card's does."""
 
     def __init__(
         self, capacity: int, blocks_per_region: int, ranking: Ranking | VictimChoice
     ) -> None:
         count = max(2, capacity // blocks_per_region)
         self.per_region = blocks_per_region
-        self.choose: VictimChoice = (
-            ranking if callable(ranking) else partial(choose_victim, ranking)
-        )
-        self.state = np.zeros(count, np.int8)
-        self.live = np.zeros(count, np.int64)
-        self.last_access = np.zeros(count, np.int64)
-        self.filled_at = np.zeros(count, np.int64)
-        self.reads = np.zeros(count, np.int64)
-        self.last_access_s = np.zeros(count, np.float64)
-        self.members: list[list[int]] = [[] for _ in range(count)]
+        self.ranking = ranking
+        self.regions = [SimRegion(i) for i in range(count)]
+        self.free = list(range(count - 1, -1, -1))  # taken from the end: region 0 first
+        self.order = EvictionOrder()
         self.where: dict[int, int] = {}
         self.ages = EvictionAges()
         self.clock = 0
         self.open = -1
         self.prefer: Callable[[Indices], Mask] | None = None  # prefix-aware's oracle
-        self.random = random.Random(0)
 
-    def read(self, region: int, now_s: float) -> None:
+    def read(self, index: int, now_s: float) -> None:
+        region = self.regions[index]
+        self.order.remove(region)
         self.clock += 1
-        self.last_access[region] = self.clock
-        self.last_access_s[region] = now_s
-        self.reads[region] += 1
+        region.last_access = self.clock
+        region.last_access_s = now_s
+        region.reads += 1
+        self.order.add(region)
 
     def write(self, block: int, now_s: float) -> None:
-        if self.open < 0 or len(self.members[self.open]) >= self.per_region:
+        if self.open < 0 or len(self.regions[self.open].members) >= self.per_region:
             self._take(now_s)
-        self.members[self.open].append(block)
-        self.live[self.open] += 1
+        self.regions[self.open].members.append(block)
         self.where[block] = self.open
 
     def _take(self, now_s: float) -> None:
-        if self.open >= 0:
-            self.state[self.open] = _SEALED
-        free = np.flatnonzero(self.state == _FREE)
-        if free.size:
-            region = int(free[0])
+        if self.free:
+            region = self.regions[self.free.pop()]
         else:
-            region = self._victim()
-            self.ages.evicted(now_s - float(self.last_access_s[region]), now_s)
-            for block in self.members[region]:
+            region = self.regions[self._victim()]
+            self.ages.evicted(now_s - region.last_access_s, now_s)
+            for block in region.members:
                 del self.where[block]
-            self.members[region] = []
-            self.live[region] = 0
+            self.order.remove(region)
         self.clock += 1
-        self.state[region] = _OPEN
-        self.last_access[region] = self.filled_at[region] = self.clock
-        self.last_access_s[region] = now_s
-        self.reads[region] = 0
-        self.open = region
+        region.members = []
+        region.last_access = region.filled_at = self.clock
+        region.last_access_s = now_s
+        region.reads = 0
+        self.order.add(region)
+        self.open = region.index
 
     def _victim(self) -> int:
-        sealed = np.flatnonzero(self.state == _SEALED)
-        picked = sample(len(sealed), self.random)
-        if picked is not None:
-            sealed = sealed[picked]
+        def sealed(index: int) -> bool:
+            return index != self.open
+
+        may_take = sealed
         if self.prefer is not None:  # among the 64 least recently used, only dead ones
-            oldest = sealed[np.argsort(self.last_access[sealed])[:64]]
-            dead = oldest[self.prefer(oldest)]
-            if dead.size:
-                sealed = dead
-        pick = self.choose(
-            self.live[sealed],
-            self.last_access[sealed],
-            self.filled_at[sealed],
-            self.reads[sealed],
-        )
-        return int(sealed[pick])
+            oldest = np.array(
+                [i for i in self.order.least_recently_used(65) if sealed(i)][:64], np.int64
+            )
+            dead = set(oldest[self.prefer(oldest)].tolist())
+            if dead:
+                may_take = dead.__contains__
+        if callable(self.ranking):
+            candidates = [i for i in self.order.least_recently_used(len(self.order)) if sealed(i)]
+            rows = [self.regions[i] for i in candidates]
+            columns = [
+                np.array([len(r.members) for r in rows], np.int64),
+                np.array([r.last_access for r in rows], np.int64),
+                np.array([r.filled_at for r in rows], np.int64),
+                np.array([r.reads for r in rows], np.int64),
+            ]
+            return candidates[self.ranking(*columns)]
+        found = self.order.victim(self.ranking, may_take)
+        assert found is not None, "a full cache has a sealed region"
+        return found[1]
 
 
 def replay_gateway(
@@ -329,7 +339,7 @@ def _dead_regions(trace: Trace, cache: RegionCache) -> Callable[[Indices], Mask]
 
     def dead(regions: Indices) -> Mask:
         return np.array(
-            [not any(map(reachable, cache.members[int(r)])) for r in regions], dtype=bool
+            [not any(map(reachable, cache.regions[int(r)].members)) for r in regions], dtype=bool
         )
 
     return dead

@@ -86,8 +86,7 @@ class Allocator:
             region = choose_victim(state, db, over if below else {pool}, pool)
             carried = state.on_reclaim(db.index, region.index, region.epoch)
             state.reclaims += 1
-        db.filling(region, pool)
-        region.refill(state.next_epoch, next(state.clock), pool)
+        db.refill(region, state.next_epoch, next(state.clock), pool)
         state.next_epoch += 1
         region.carried = []
         region.prepared_bytes = 2**62  # its filling writes it: prepared for the next one

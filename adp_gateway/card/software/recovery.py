@@ -115,7 +115,9 @@ class RegionScan:
             first = self._damaged_start(db, region, reader)
         if first is None:
             return []
-        region.epoch = region.disk_epoch = region.last_access = first.epoch
+        # Filled and last used, as far as the ranking knows, in the order of their epochs.
+        region.epoch = region.disk_epoch = first.epoch
+        region.filled_at = region.last_access = first.epoch
         region.pool = self._pools.of(first.tenant)  # a quota since removed: the shared pool
         region.sealed = True
         rows = read_footer(reader, db.salt, first.epoch)

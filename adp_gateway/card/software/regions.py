@@ -8,7 +8,6 @@ written).
 from __future__ import annotations
 
 import itertools
-import random
 import threading
 import time
 from collections import Counter, deque
@@ -22,7 +21,7 @@ from adp_gateway.card.software.devices.preparer import unwritten_ranges
 from adp_gateway.card.software.eviction_ages import EvictionAges
 from adp_gateway.card.software.format import HEADER_BYTES, RecordHeader
 from adp_gateway.card.software.superblocks import open_superblock
-from adp_gateway.card.software.victims import Ranking
+from adp_gateway.card.software.victims import EvictionOrder, Ranking
 from adp_wire.ring.layout import PAGE_BYTES
 
 
@@ -115,6 +114,8 @@ class Database:
         # drive's worth of regions is 10**5: a pass costs milliseconds, under the lock).
         self.held: Counter[str] | None = None
         self.free_regions = 0
+        # Each pool's filled regions, ranked for eviction (victims.py); kept with ``held``.
+        self.orders: dict[str, EvictionOrder] = {}
         # The free regions in the order they are taken: written-once (prepared) first, then by
         # index; None: to sort again (after recovery, and when the preparer gives one back).
         self.free_order: deque[Region] | None = None
@@ -124,24 +125,49 @@ class Database:
         self._find_unwritten()
 
     def count_regions(self) -> Counter[str]:
-        """Under the log's lock: ``held``, counted now if not yet, with ``free_regions`` and
-        ``emptied`` (after recovery, the regions none of whose records the store took)."""
+        """Under the log's lock: ``held``, counted now if not yet, with ``free_regions``,
+        ``orders`` and ``emptied`` (after recovery, the regions none of whose records the store
+        took)."""
         if self.held is None:
             self.held = Counter(r.pool for r in self.regions if r.epoch)
             self.free_regions = sum(1 for r in self.regions if r.epoch == 0)
             self.emptied = {r.index: r for r in self.regions if r.epoch and r.live == 0}
             self.free_order = None
+            self.orders = {}
+            for region in self.regions:
+                if region.epoch:
+                    self.order(region.pool).add(region)
         return self.held
 
-    def filling(self, region: Region, pool: str) -> None:
-        """Under the log's lock: ``region``, free or reclaimed from its pool, is about to be
-        filled for ``pool`` (before its ``refill``): the counts follow."""
+    def order(self, pool: str) -> EvictionOrder:
+        """Under the log's lock, once counted: ``pool``'s regions ranked for eviction."""
+        return self.orders.setdefault(pool, EvictionOrder())
+
+    def refill(self, region: Region, epoch: int, now: int, pool: str) -> None:
+        """Under the log's lock: ``region``, free or reclaimed from its pool, begins a filling
+        for ``pool``: the counts and orders follow. The only change to a region's epoch or pool
+        after recovery."""
         held = self.count_regions()
         if region.epoch:
             held[region.pool] -= 1
+            self.order(region.pool).remove(region)
         else:
             self.free_regions -= 1
         held[pool] += 1
+        region.refill(epoch, now, pool)
+        self.order(pool).add(region)
+
+    def touch(self, region: Region, now: int) -> None:
+        """Under the log's lock: ``region`` was just read at clock ``now`` (it moves to the
+        back of the eviction order)."""
+        order = self.order(region.pool) if self.held is not None else None
+        if order is not None:  # else the first take ranks it as it is then
+            order.remove(region)
+        region.last_access = now
+        region.last_access_s = time.monotonic()
+        region.reads += 1
+        if order is not None:
+            order.add(region)
 
     def next_free(self) -> Region | None:
         """Under the log's lock: the free region to fill next (written-once first, then by
@@ -200,7 +226,6 @@ class LogState:
     durable_fillings: bool = True
     ranking: Ranking = Ranking.SCAN_RESISTANT  # which region eviction takes (eviction.py)
     evictions: EvictionAges = field(default_factory=EvictionAges)  # how long regions lasted
-    sampling: random.Random = field(default_factory=lambda: random.Random(0))  # eviction.py
 
     def __post_init__(self) -> None:
         self.started = threading.Condition(self.lock)
