@@ -12,7 +12,7 @@ Two rankings (the config's ``eviction``):
 
 Either way a region that holds nothing the store still uses (its objects deleted or replaced)
 goes first; eviction.py keeps those apart. On the project's production trace, behind the
-gateway's admission, the scan-resistant ranking hit up to 0.2 % of the references more than LRU
+gateway's admission, the scan-resistant ranking hit up to 0.3 % of the references more than LRU
 at 5 to 25 % of the distinct blocks, and up to 0.1 % less at 1, 2 and 50 %
 (bench/results/trace-sim-vm.md).
 
