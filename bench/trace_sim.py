@@ -27,7 +27,7 @@ Policies:
   least recently used regions hold only blocks whose prefix is gone (worth nothing: no request
   can reach them), and evicting one of those first (an oracle: the gateway cannot tell a key's
   prefix); ``ours-lfu`` is ``ours`` with a frequency-aware eviction, weighed and not taken
-  (``fewest_reads_first``);
+  (``FrequencyAwareOrder``);
 - ``ours-budget``: ``ours`` with a write budget of ``--budget-share`` of ``region-lru``'s write
   rate at that capacity, in a bucket of ``--burst-s`` seconds of it (5 % of the trace's time).
 
@@ -52,9 +52,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sortedcontainers import SortedList
 
 from adp_gateway.card.software.eviction_ages import EvictionAges
-from adp_gateway.card.software.victims import EvictionOrder, Ranking
+from adp_gateway.card.software.victims import UNREAD_AGE_FACTOR, EvictionOrder, Rank, Ranking
 from adp_gateway.policy.admission import Admission, AdmissionSettings
 from adp_wire.presence import fingerprint
 from adp_wire.units import format_size, parse_size
@@ -168,22 +169,46 @@ def replay_belady(trace: Trace, capacity: int) -> tuple[int, int]:
     return hits, writes
 
 
-VictimChoice = Callable[[Indices, Indices, Indices, Indices], int]
-OLDER_SHARE = 0.5  # fewest_reads_first ranks the older half of the regions
+READ_AGAIN_SLOWER = 1.6  # FrequencyAwareOrder: how much slower a region read twice ages
 
 
-def fewest_reads_first(
-    live: Indices, last_access: Indices, filled_at: Indices, reads: Indices
-) -> int:
-    """A frequency-aware eviction, over the sealed regions' arrays: a region that holds
-    nothing live first, then among the older half of the regions (by when their filling began)
-    the one read least often, least recently used among equals. On the production trace it hit
-    less than the gateway's scan-resistant ranking at every capacity (trace-sim-vm): reuse
-    there is of recency (a conversation's next turn), not of a few hot blocks."""
-    older = int(live.size * OLDER_SHARE)
-    cutoff = np.partition(filled_at, older)[older] if older else np.int64(-1)
-    score = (reads << 40) + last_access + (np.int64(1) << 55) * (filled_at >= cutoff)
-    return int(np.argmin(score + (np.int64(1) << 58) * (live > 0)))
+class FrequencyAwareOrder:
+    """``ours-lfu``'s ranking, weighed against the gateway's and not taken: scan-resistant's
+    (victims.py), where a region read more than once also ages ``READ_AGAIN_SLOWER`` times as
+    slowly as one read once. Kept as ``EvictionOrder`` keeps its lists: one per class of reads,
+    each by last use, whose heads compete. On the production trace it hit less than the
+    scan-resistant ranking at most capacities (trace-sim-vm): reuse there is of recency (a
+    conversation's next turn), not of a few hot blocks."""
+
+    _AGING = (UNREAD_AGE_FACTOR, 1.0, 1 / READ_AGAIN_SLOWER)  # read 0, 1, 2 or more times
+
+    def __init__(self) -> None:
+        self._by_reads = [SortedList[tuple[int, int]]() for _ in self._AGING]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._by_reads))
+
+    def add(self, region: SimRegion) -> None:
+        self._list(region).add((region.last_access, region.index))
+
+    def remove(self, region: SimRegion) -> None:
+        self._list(region).remove((region.last_access, region.index))
+
+    def least_recently_used(self, count: int) -> list[int]:
+        return [index for _, index in itertools.islice(heapq.merge(*self._by_reads), count)]
+
+    def victim(
+        self, ranking: Ranking, may_take: Callable[[int], bool], now: int
+    ) -> tuple[Rank, int] | None:
+        heads = [
+            (now - rate * (now - clock), index)
+            for rate, ranked in zip(self._AGING, self._by_reads, strict=True)
+            for clock, index in itertools.islice(filter(lambda e: may_take(e[1]), ranked), 1)
+        ]
+        return min(heads, default=None)
+
+    def _list(self, region: SimRegion) -> SortedList[tuple[int, int]]:
+        return self._by_reads[min(region.reads, len(self._AGING) - 1)]
 
 
 @dataclass
@@ -192,7 +217,6 @@ class SimRegion:
 
     index: int
     last_access: int = 0
-    filled_at: int = 0
     reads: int = 0
     last_access_s: float = 0.0
     members: list[int] = dataclasses.field(default_factory=list)
@@ -201,18 +225,18 @@ class SimRegion:
 class RegionCache:
     """The software card as the policies see it: regions of ``blocks_per_region`` blocks
     filled in order, one open at a time, reclaimed whole in the order the card's
-    ``EvictionOrder`` ranks them (or a ``VictimChoice`` weighed against it);
+    ``EvictionOrder`` ranks them (or a ``FrequencyAwareOrder``, weighed against it);
     ``EvictionAges`` hears each reclaim as the card's does."""
 
     def __init__(
-        self, capacity: int, blocks_per_region: int, ranking: Ranking | VictimChoice
+        self, capacity: int, blocks_per_region: int, ranking: Ranking, frequency_aware: bool
     ) -> None:
         count = max(2, capacity // blocks_per_region)
         self.per_region = blocks_per_region
         self.ranking = ranking
         self.regions = [SimRegion(i) for i in range(count)]
         self.free = list(range(count - 1, -1, -1))  # taken from the end: region 0 first
-        self.order = EvictionOrder()
+        self.order = FrequencyAwareOrder() if frequency_aware else EvictionOrder()
         self.where: dict[int, int] = {}
         self.ages = EvictionAges()
         self.clock = 0
@@ -245,7 +269,7 @@ class RegionCache:
             self.order.remove(region)
         self.clock += 1
         region.members = []
-        region.last_access = region.filled_at = self.clock
+        region.last_access = self.clock
         region.last_access_s = now_s
         region.reads = 0
         self.order.add(region)
@@ -255,7 +279,7 @@ class RegionCache:
         def sealed(index: int) -> bool:
             return index != self.open
 
-        may_take = sealed
+        may_take: Callable[[int], bool] = sealed
         if self.prefer is not None:  # among the 64 least recently used, only dead ones
             oldest = np.array(
                 [i for i in self.order.least_recently_used(65) if sealed(i)][:64], np.int64
@@ -263,17 +287,7 @@ class RegionCache:
             dead = set(oldest[self.prefer(oldest)].tolist())
             if dead:
                 may_take = dead.__contains__
-        if callable(self.ranking):
-            candidates = [i for i in self.order.least_recently_used(len(self.order)) if sealed(i)]
-            rows = [self.regions[i] for i in candidates]
-            columns = [
-                np.array([len(r.members) for r in rows], np.int64),
-                np.array([r.last_access for r in rows], np.int64),
-                np.array([r.filled_at for r in rows], np.int64),
-                np.array([r.reads for r in rows], np.int64),
-            ]
-            return candidates[self.ranking(*columns)]
-        found = self.order.victim(self.ranking, may_take)
+        found = self.order.victim(self.ranking, may_take, self.clock)
         assert found is not None, "a full cache has a sealed region"
         return found[1]
 
@@ -282,13 +296,14 @@ def replay_gateway(
     trace: Trace,
     capacity: int,
     blocks_per_region: int,
-    ranking: Ranking | VictimChoice,
+    ranking: Ranking,
     settings: AdmissionSettings,
     block_bytes: int,
     prefix_aware: bool = False,
+    frequency_aware: bool = False,
 ) -> tuple[int, int]:
     """The gateway's admission and eviction over a region log: hits and writes."""
-    cache = RegionCache(capacity, blocks_per_region, ranking)
+    cache = RegionCache(capacity, blocks_per_region, ranking, frequency_aware)
     admission = Admission(settings, float(trace.times_s[0]) if trace.requests else 0.0)
     prints = _fingerprints(trace)
     if prefix_aware:
@@ -367,7 +382,7 @@ def run_policy(
         "ours-lru": (Ranking.LRU, on),
         "gateway-ss": (Ranking.LRU, dataclasses.replace(on, bar_floor=1.0)),
         "prefix-aware": (Ranking.SCAN_RESISTANT, on),
-        "ours-lfu": (fewest_reads_first, on),
+        "ours-lfu": (Ranking.SCAN_RESISTANT, on),
     }
     if policy == "lru":
         hits, writes = replay_lru(trace, capacity)
@@ -394,6 +409,7 @@ def run_policy(
             settings,
             block_bytes,
             prefix_aware=policy == "prefix-aware",
+            frequency_aware=policy == "ours-lfu",
         )
     return Outcome(
         policy,

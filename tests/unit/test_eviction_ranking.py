@@ -1,14 +1,16 @@
 """Goal: the software card evicts what is least likely to be read again, whole regions at a
 time. An emptied region goes first under either ranking; LRU takes the least recently used;
-scan-resistant takes, among the oldest 20 % by filling, a region never read since before one
-that was read, yet never a young unread region before an old one; on the card itself, a flood
-of objects written once does not push out an older region that was read; a database of many
+scan-resistant ages a region never read since its filling ``UNREAD_AGE_FACTOR`` times as fast,
+so it takes an unread region before a read one up to that many times older, and no sooner; on
+the card itself, a flood of objects written once does not push out an older region that was
+read; a database of many
 regions is ranked whole (the very best victim, a busy one passed over), and an emptied region
 still goes first; and the counts and orders a take and a read keep, so as not to pass over
 every region, are what a recount finds."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from adp_gateway.card.holdings import NO_HOLDINGS
@@ -16,18 +18,18 @@ from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.card.software.eviction import choose_victim, count_live
 from adp_gateway.card.software.pools import Allocator, Pools
 from adp_gateway.card.software.regions import SHARED_POOL, Database, Location, LogState, Region
-from adp_gateway.card.software.victims import EvictionOrder, Ranking
+from adp_gateway.card.software.victims import UNREAD_AGE_FACTOR, EvictionOrder, Ranking
 from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.store import ObjectStore
 from adp_wire.ring.layout import PAGE_BYTES
 from tests.support.storage import REGION, extent, open_card, payload
 
 
-def pick(ranking: Ranking, last: list[int], filled: list[int], reads: list[int]) -> int:
+def pick(ranking: Ranking, last: list[int], reads: list[int], now: int = 100) -> int:
     order = EvictionOrder()
-    for index, row in enumerate(zip(last, filled, reads, strict=True)):
-        order.add(Region(index, epoch=1, last_access=row[0], filled_at=row[1], reads=row[2]))
-    found = order.victim(ranking, lambda index: True)
+    for index, (last_access, read) in enumerate(zip(last, reads, strict=True)):
+        order.add(Region(index, epoch=1, last_access=last_access, reads=read))
+    found = order.victim(ranking, lambda index: True, now)
     assert found is not None
     return found[1]
 
@@ -45,26 +47,19 @@ def test_an_emptied_region_goes_first_whatever_its_use() -> None:
 
 
 def test_lru_takes_the_least_recently_used() -> None:
-    assert pick(Ranking.LRU, [40, 10, 30, 20], [5, 1, 3, 2], [1, 1, 0, 0]) == 1
+    assert pick(Ranking.LRU, [40, 10, 30, 20], [1, 1, 0, 0]) == 1
 
 
-def test_scan_resistant_takes_an_old_unread_region_before_an_older_read_one() -> None:
-    # Ten regions filled at clocks 0..9; region 0 was read at clock 1, and is the least
-    # recently used; region 1 (among the oldest fifth) was never read.
-    filled = list(range(10))
-    last = [1, 1, 12, 13, 14, 15, 16, 17, 18, 19]
-    last[0] = 0
-    reads = [1, 0, 1, 1, 1, 1, 1, 1, 1, 1]
-    assert pick(Ranking.LRU, last, filled, reads) == 0
-    assert pick(Ranking.SCAN_RESISTANT, last, filled, reads) == 1
-
-
-def test_scan_resistant_spares_young_unread_regions() -> None:
-    # Region 8 is unread but among the newest 80 %: the LRU region (0, read at 5) goes.
-    filled = list(range(10))
-    last = [5, 11, 12, 13, 14, 15, 16, 17, 8, 19]
-    reads = [1, 1, 1, 1, 1, 1, 1, 1, 0, 1]
-    assert pick(Ranking.SCAN_RESISTANT, last, filled, reads) == 0
+def test_scan_resistant_takes_an_unread_region_up_to_its_factor_younger_and_no_sooner() -> None:
+    # At clock 100 region 0 was last read 90 ago; region 1, filled and never read since, is
+    # younger: it goes first while its age times the factor reaches 90.
+    youngest_taken = 100 - math.ceil(90 / UNREAD_AGE_FACTOR)
+    assert pick(Ranking.LRU, [10, youngest_taken], [1, 0]) == 0
+    assert pick(Ranking.SCAN_RESISTANT, [10, youngest_taken], [1, 0]) == 1
+    assert pick(Ranking.SCAN_RESISTANT, [10, youngest_taken + 1], [1, 0]) == 0
+    # Among unread regions, and among read ones, the least recently used goes first.
+    assert pick(Ranking.SCAN_RESISTANT, [70, 60, 80], [0, 0, 0]) == 1
+    assert pick(Ranking.SCAN_RESISTANT, [70, 60, 80], [1, 2, 1]) == 1
 
 
 def test_a_flood_written_once_does_not_push_out_an_older_region_that_was_read() -> None:
@@ -96,7 +91,7 @@ def big_database(count: int) -> tuple[LogState, Database]:
     order = random.Random(1).sample(range(count), count)
     for region, rank in zip(db.regions, order, strict=True):
         region.epoch, region.live = rank + 1, 1
-        region.filled_at = region.last_access = rank
+        region.last_access = rank
     db.count_regions()
     return state, db
 
@@ -106,7 +101,7 @@ def test_a_large_database_is_ranked_whole_and_an_emptied_region_still_goes_first
     for ranking in Ranking:
         state, db = big_database(count)
         state.ranking = ranking
-        by_rank = sorted(db.regions, key=lambda r: r.filled_at)
+        by_rank = sorted(db.regions, key=lambda r: r.last_access)
         assert choose_victim(state, db, {SHARED_POOL}, "") is by_rank[0]
         by_rank[0].reads_inflight = 1  # being read: passed over
         assert choose_victim(state, db, {SHARED_POOL}, "") is by_rank[1]

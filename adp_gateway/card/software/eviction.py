@@ -35,10 +35,15 @@ def choose_victim(state: LogState, db: Database, pools: set[str], wanted_by: str
     if emptied:
         region = min(emptied, key=lambda r: r.last_access)
     else:
+        now = next(state.clock)
         found = [
             ranked
             for pool in pools
-            if (ranked := db.order(pool).victim(state.ranking, lambda i: may_take(db.regions[i])))
+            if (
+                ranked := db.order(pool).victim(
+                    state.ranking, lambda i: may_take(db.regions[i]), now
+                )
+            )
         ]
         if not found:
             raise StorageError(

@@ -115,9 +115,8 @@ class RegionScan:
             first = self._damaged_start(db, region, reader)
         if first is None:
             return []
-        # Filled and last used, as far as the ranking knows, in the order of their epochs.
-        region.epoch = region.disk_epoch = first.epoch
-        region.filled_at = region.last_access = first.epoch
+        # Last used, as far as the ranking knows, in the order of their fillings.
+        region.epoch = region.disk_epoch = region.last_access = first.epoch
         region.pool = self._pools.of(first.tenant)  # a quota since removed: the shared pool
         region.sealed = True
         rows = read_footer(reader, db.salt, first.epoch)

@@ -48,9 +48,8 @@ class Region:
     sealed: bool = False  # takes no more appends; its footer follows its last write
     footer_bytes: int = 0  # upper bound of the footer of what was reserved so far
     last_access: int = 0
-    # For the eviction's ranking (adp_gateway/card/software/victims.py): the clock when this filling
-    # began, reads since, and when it was last written or read (monotonic seconds; 0 unknown).
-    filled_at: int = 0
+    # For the eviction's ranking (adp_gateway/card/software/victims.py): reads since this filling
+    # began, and when it was last written or read (monotonic seconds; 0 unknown).
     reads: int = 0
     last_access_s: float = 0.0
     live: int = 0  # records the store uses
@@ -72,7 +71,7 @@ class Region:
 
     def refill(self, epoch: int, now: int, pool: str) -> None:
         self.epoch, self.last_access, self.pool = epoch, now, pool
-        self.filled_at, self.reads, self.last_access_s = now, 0, time.monotonic()
+        self.reads, self.last_access_s = 0, time.monotonic()
         self.used_bytes = self.footer_bytes = self.live = 0
         self.sealed = False
         self.records = []

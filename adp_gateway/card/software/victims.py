@@ -3,40 +3,40 @@
 Two rankings (the config's ``eviction``):
 
 - ``lru``: the region least recently written or read;
-- ``scan-resistant`` (the default): among the oldest ``UNREAD_OLDEST_SHARE`` of the regions, by
-  when their filling began, those never read since go first, oldest first; then the rest in
-  LRU order. A region of objects written once and never asked for again (most of them, on
-  production traffic: 74 % of a chat service's blocks were never read again) goes before an
-  older one whose objects were read, yet every region gets the newest part of the cache's life
-  to be read at all.
+- ``scan-resistant`` (the default): LRU, where a region never read since its filling began ages
+  ``UNREAD_AGE_FACTOR`` times as fast as one that was read. A region of objects written once
+  and never asked for again (most of them, on production traffic: 74 % of a chat service's
+  blocks were never read again) goes before an older one whose objects were read, yet a new
+  region gets time to be read at all, in proportion to how long the cache keeps anything.
 
 Either way a region that holds nothing the store still uses (its objects deleted or replaced)
 goes first; eviction.py keeps those apart. On the project's production trace, behind the
-gateway's admission, the scan-resistant ranking hit up to 0.3 % of the references more than LRU
-at 5 to 25 % of the distinct blocks, and up to 0.1 % less at 1, 2 and 50 %
-(bench/results/trace-sim-vm.md).
+gateway's admission, the scan-resistant ranking hit up to 0.7 % of the references more than LRU
+at 1 to 25 % of the distinct blocks, and 0.1 % less at 50 % (bench/results/trace-sim-vm.md,
+which also weighs other factors).
 
-An ``EvictionOrder`` holds one pool's filled regions of one database in three sorted lists (by
-last use, by filling, the unread ones by filling), so that finding the victim costs O(log n)
-whatever the drive's size: a pass over 120,000 regions (a 7.68 TB drive in 64 MiB regions) cost
-50 ms at each take, and ranking a sample of 2,048 of them cost 5 ms and missed the best victim.
-Clocks are logical (a counter of fillings and reads). A region that was never read has been
-used last when its filling began (its ``last_access`` is its ``filled_at``), so the unread ones
-in filling order are also in LRU order.
+An ``EvictionOrder`` holds one pool's filled regions of one database in two sorted lists (by
+last use, and the unread ones by last use), so that finding the victim costs O(log n) whatever
+the drive's size: a pass over 120,000 regions (a 7.68 TB drive in 64 MiB regions) cost 50 ms at
+each take. Clocks are logical (a counter of fillings and reads). A region never read has been
+used last when its filling began; within each list the order does not change as the clock
+advances, so only the two lists' heads compete.
 
 ``bench/trace_sim.py`` ranks its simulated regions with this same class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import StrEnum
 from itertools import islice
 from typing import Protocol
 
 from sortedcontainers import SortedList
 
-UNREAD_OLDEST_SHARE = 0.2
+# Weighed on the production trace (bench/results/trace-sim-vm.md): 1.25 to 3; 1.6 hit the most
+# over the capacities, 2 and above gave up the large ones.
+UNREAD_AGE_FACTOR = 1.6
 
 
 class Ranking(StrEnum):
@@ -52,13 +52,11 @@ class Ranked(Protocol):
     @property
     def last_access(self) -> int: ...
     @property
-    def filled_at(self) -> int: ...
-    @property
     def reads(self) -> int: ...
 
 
-# Orders victims across pools: an unread old region (0) before any other (1), then its clock.
-Rank = tuple[int, int]
+# Orders victims across pools: the clock a region counts as last used at, lowest first.
+Rank = float
 
 
 class EvictionOrder:
@@ -68,48 +66,41 @@ class EvictionOrder:
 
     def __init__(self) -> None:
         self._by_use: SortedList[tuple[int, int]] = SortedList()  # (last_access, index)
-        self._by_filling: SortedList[tuple[int, int]] = SortedList()  # (filled_at, index)
-        self._unread: SortedList[tuple[int, int]] = SortedList()  # (filled_at, index)
+        self._unread: SortedList[tuple[int, int]] = SortedList()  # the same, reads == 0
 
     def __len__(self) -> int:
         return len(self._by_use)
 
     def add(self, region: Ranked) -> None:
         self._by_use.add((region.last_access, region.index))
-        self._by_filling.add((region.filled_at, region.index))
         if region.reads == 0:
-            self._unread.add((region.filled_at, region.index))
+            self._unread.add((region.last_access, region.index))
 
     def remove(self, region: Ranked) -> None:
         self._by_use.remove((region.last_access, region.index))
-        self._by_filling.remove((region.filled_at, region.index))
         if region.reads == 0:
-            self._unread.remove((region.filled_at, region.index))
+            self._unread.remove((region.last_access, region.index))
 
     def least_recently_used(self, count: int) -> list[int]:
         """The indices of the ``count`` regions used least recently, least first."""
         return [index for _, index in islice(self._by_use, count)]
 
-    def victim(self, ranking: Ranking, may_take: Callable[[int], bool]) -> tuple[Rank, int] | None:
-        """The region to evict first among those ``may_take`` (by index) allows, with its rank;
-        None if it allows none."""
+    def victim(
+        self, ranking: Ranking, may_take: Callable[[int], bool], now: int
+    ) -> tuple[Rank, int] | None:
+        """The region to evict first among those ``may_take`` (by index) allows, at clock
+        ``now``, with its rank; None if it allows none."""
+        used = _first(self._by_use, may_take)
         if ranking == Ranking.SCAN_RESISTANT:
-            for filled_at, index in self._unread_old():
-                if may_take(index):
-                    return (0, filled_at), index
-        for last_access, index in self._by_use:
-            if may_take(index):
-                return (1, last_access), index
-        return None
+            unread = _first(self._unread, may_take)
+            if unread is not None:
+                aged = now - UNREAD_AGE_FACTOR * (now - unread[0])
+                if used is None or aged <= used[0]:
+                    return aged, unread[1]
+        return used
 
-    def _unread_old(self) -> Iterator[tuple[int, int]]:
-        """The unread regions among the oldest ``UNREAD_OLDEST_SHARE`` by filling, oldest
-        first."""
-        oldest = int(len(self._by_filling) * UNREAD_OLDEST_SHARE)
-        if not oldest:
-            return
-        cutoff = self._by_filling[oldest][0]
-        for filled_at, index in self._unread:
-            if filled_at >= cutoff:
-                return
-            yield filled_at, index
+
+def _first(
+    ranked: SortedList[tuple[int, int]], may_take: Callable[[int], bool]
+) -> tuple[Rank, int] | None:
+    return next(((float(clock), index) for clock, index in ranked if may_take(index)), None)
