@@ -11,9 +11,9 @@ Two rankings (the config's ``eviction``):
 
 Either way a region that holds nothing the store still uses (its objects deleted or replaced)
 goes first; eviction.py keeps those apart. On the project's production trace, behind the
-gateway's admission, the scan-resistant ranking hit up to 0.7 % of the references more than LRU
-at 1 to 25 % of the distinct blocks, and 0.1 % less at 50 % (bench/results/trace-sim-vm.md,
-which also weighs other factors).
+gateway's admission, the scan-resistant ranking hit up to 0.74 points of the references more
+than LRU at 1 to 25 % of the distinct blocks, and 0.09 less at 50 %
+(bench/results/trace-sim-vm.md: ``ours`` against ``ours-lru``).
 
 An ``EvictionOrder`` holds one pool's filled regions of one database in two sorted lists (by
 last use, and the unread ones by last use), so that finding the victim costs O(log n) whatever
