@@ -5,8 +5,8 @@ so it takes an unread region before a read one up to that many times older, and 
 the card itself, a flood of objects written once does not push out an older region that was
 read; a database of many
 regions is ranked whole (the very best victim, a busy one passed over), and an emptied region
-still goes first; and the counts and orders a take and a read keep, so as not to pass over
-every region, are what a recount finds."""
+still goes first; and the counts, bytes and orders that takes, appends and reads keep, so that
+neither a take nor a status passes over every region, are what a recount finds."""
 
 from __future__ import annotations
 
@@ -113,21 +113,24 @@ def test_a_large_database_is_ranked_whole_and_an_emptied_region_still_goes_first
 def test_the_counts_and_orders_a_take_and_a_read_keep_are_what_a_recount_finds() -> None:
     """A take keeps each database's count of regions held by each pool and of free regions,
     and each pool's eviction order, as a read does, so that once none is free it passes over
-    none of them. Through fillings, reclaims, reads and emptied regions, under quotas, what it
-    kept is what a count from scratch finds, and an emptied region is the next taken."""
+    none of them; appends keep the bytes used, which a status reads. Through fillings,
+    reclaims, appends, reads and emptied regions, under quotas, what it kept is what a count
+    from scratch finds, and an emptied region is the next taken."""
     db = Database(0, MemoryDevice(PAGE_BYTES + 40 * REGION), REGION)
     state = LogState([db], lambda *region: [])
     allocator = Allocator(state, Pools({"a": 10, "b": 5}))
     rng = random.Random(2)
 
-    def kept() -> tuple[dict[str, int], int, dict[str, list[int]]]:
+    def kept() -> tuple[dict[str, int], int, dict[str, list[int]], int, list[tuple[int, int]]]:
         assert db.held is not None
         orders = {p: o.least_recently_used(len(o)) for p, o in db.orders.items() if len(o)}
-        return dict(+db.held), db.free_regions, orders
+        pools = [allocator.pool_bytes(tenant) for tenant in ("a", "b", "")]
+        return dict(+db.held), db.free_regions, orders, db.used_bytes(), pools
 
     for _ in range(300):
         region = allocator.take(db, rng.choice(["a", "b", SHARED_POOL]))
         region.live = 1
+        db.reserve(region, PAGE_BYTES * rng.randrange(4))
         filled = [r for r in db.regions if r.epoch]
         for read in rng.sample(filled, min(3, len(filled))):
             db.touch(read, next(state.clock))
@@ -136,6 +139,7 @@ def test_the_counts_and_orders_a_take_and_a_read_keep_are_what_a_recount_finds()
         db.count_regions()
         assert kept() == before
     assert kept()[:2] == ({"a": 10, "b": 5, SHARED_POOL: 25}, 0)
+    assert kept()[4][:2] == [(10 * REGION, 10 * REGION), (5 * REGION, 5 * REGION)]
     victim = max((r for r in db.regions if r.pool == "b"), key=lambda r: r.last_access)
     count_live(state, [Location(db.index, victim.index, victim.epoch, 0, 0)], -1)
     assert allocator.take(db, "b") is victim

@@ -61,12 +61,7 @@ class Allocator:
         pool = self.pools.of(tenant)
         databases = self._state.databases
         with self._state.lock:
-            held = sum(
-                db.region_bytes
-                for db in databases
-                for r in db.regions
-                if r.epoch and r.pool == pool
-            )
+            held = sum(db.regions_held(pool) * db.region_bytes for db in databases)
         limit = sum(self.pools.limit(pool, len(db.regions)) * db.region_bytes for db in databases)
         return held, limit
 
@@ -114,5 +109,5 @@ class Allocator:
             if record is not start:
                 region.records.append((region.used_bytes, record))
                 region.footer_bytes += entry_bytes_max(record)
-            region.used_bytes += HEADER_BYTES
+            db.reserve(region, HEADER_BYTES)
         return pages

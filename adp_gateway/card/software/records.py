@@ -178,7 +178,7 @@ class RecordWriter:
                     if region.prologue is not None:
                         runs[-1].prologue, region.prologue = region.prologue, None
                 runs[-1].headers.append(dataclasses.replace(header, epoch=region.epoch))
-                region.used_bytes += header.record_bytes
+                db.reserve(region, header.record_bytes)
                 region.footer_bytes += entry_bytes_max(header)
                 region.writes_inflight += 1
         return runs, to_seal

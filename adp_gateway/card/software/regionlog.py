@@ -98,7 +98,7 @@ class RegionLog:
     @property
     def used_bytes(self) -> int:
         with self._state.lock:
-            return sum(r.used_bytes for db in self._state.databases for r in db.regions if r.epoch)
+            return sum(db.used_bytes() for db in self._state.databases)
 
     def salt(self, database: int) -> int:
         """The database's salt (its superblock's), which seeds its checksums."""

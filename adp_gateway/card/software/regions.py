@@ -108,28 +108,31 @@ class Database:
         self.last_io = 0.0  # monotonic time the last of them ended
         self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
         # Regions filled, by pool, and regions never filled (epoch 0): counted from the regions
-        # at the first take after recovery, then kept by ``filling``, the only change to a
-        # region's epoch or pool after it, so that a take need not pass over every region (a
-        # drive's worth of regions is 10**5: a pass costs milliseconds, under the lock).
+        # at the first take after recovery, then kept by ``refill``, the only change to a
+        # region's epoch or pool after it, so that neither a take nor a status need pass over
+        # every region (a drive's worth of regions is 10**5: a pass costs milliseconds, under
+        # the lock).
         self.held: Counter[str] | None = None
         self.free_regions = 0
+        self._used_bytes = 0  # of the filled regions; kept with ``held`` by ``reserve``
         # Each pool's filled regions, ranked for eviction (victims.py); kept with ``held``.
         self.orders: dict[str, EvictionOrder] = {}
         # The free regions in the order they are taken: written-once (prepared) first, then by
         # index; None: to sort again (after recovery, and when the preparer gives one back).
         self.free_order: deque[Region] | None = None
         # Regions whose records the store no longer uses (count_live brought them to 0), by
-        # index: reclaimed first, whatever sample the ranking draws.
+        # index: reclaimed first, whatever the ranking says.
         self.emptied: dict[int, Region] = {}
         self._find_unwritten()
 
     def count_regions(self) -> Counter[str]:
         """Under the log's lock: ``held``, counted now if not yet, with ``free_regions``,
-        ``orders`` and ``emptied`` (after recovery, the regions none of whose records the store
-        took)."""
+        their used bytes, ``orders`` and ``emptied`` (after recovery, the regions none of whose
+        records the store took)."""
         if self.held is None:
             self.held = Counter(r.pool for r in self.regions if r.epoch)
             self.free_regions = sum(1 for r in self.regions if r.epoch == 0)
+            self._used_bytes = sum(r.used_bytes for r in self.regions if r.epoch)
             self.emptied = {r.index: r for r in self.regions if r.epoch and r.live == 0}
             self.free_order = None
             self.orders = {}
@@ -149,12 +152,31 @@ class Database:
         held = self.count_regions()
         if region.epoch:
             held[region.pool] -= 1
+            self._used_bytes -= region.used_bytes
             self.order(region.pool).remove(region)
         else:
             self.free_regions -= 1
         held[pool] += 1
         region.refill(epoch, now, pool)
         self.order(pool).add(region)
+
+    def reserve(self, region: Region, nbytes: int) -> None:
+        """Under the log's lock: ``nbytes`` more of ``region``, filled, are used from its end."""
+        region.used_bytes += nbytes
+        if self.held is not None:  # else the first count sums it
+            self._used_bytes += nbytes
+
+    def used_bytes(self) -> int:
+        """Under the log's lock: the bytes the filled regions use."""
+        if self.held is None:  # not counted yet: recovery may still be placing records
+            return sum(r.used_bytes for r in self.regions if r.epoch)
+        return self._used_bytes
+
+    def regions_held(self, pool: str) -> int:
+        """Under the log's lock: how many regions ``pool`` holds."""
+        if self.held is None:
+            return sum(1 for r in self.regions if r.epoch and r.pool == pool)
+        return self.held[pool]
 
     def touch(self, region: Region, now: int) -> None:
         """Under the log's lock: ``region`` was just read at clock ``now`` (it moves to the
