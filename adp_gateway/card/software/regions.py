@@ -132,7 +132,7 @@ class Database:
         if self.held is None:
             self.held = Counter(r.pool for r in self.regions if r.epoch)
             self.free_regions = sum(1 for r in self.regions if r.epoch == 0)
-            self._used_bytes = sum(r.used_bytes for r in self.regions if r.epoch)
+            self._used_bytes = self._filled_bytes()
             self.emptied = {r.index: r for r in self.regions if r.epoch and r.live == 0}
             self.free_order = None
             self.orders = {}
@@ -169,8 +169,11 @@ class Database:
     def used_bytes(self) -> int:
         """Under the log's lock: the bytes the filled regions use."""
         if self.held is None:  # not counted yet: recovery may still be placing records
-            return sum(r.used_bytes for r in self.regions if r.epoch)
+            return self._filled_bytes()
         return self._used_bytes
+
+    def _filled_bytes(self) -> int:
+        return sum(r.used_bytes for r in self.regions if r.epoch)
 
     def regions_held(self, pool: str) -> int:
         """Under the log's lock: how many regions ``pool`` holds."""
