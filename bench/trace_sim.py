@@ -16,6 +16,9 @@ Policies:
   unbounded record (14.2 % at 2 %, a quarter of LRU's writes);
 - ``oracle-lru``: ``lru`` that writes only blocks the trace references again: the most any
   admission can get in front of LRU;
+- ``top-frequency``: the blocks the trace references most, as many as the capacity holds, each
+  written at its first reference and never evicted, and nothing else: the most a cache that
+  judges blocks by how often they are used can get;
 - the gateway's own policies, run as the gateway runs them: the admission of
   ``adp_gateway/policy/admission.py`` (the same class) in front of a log of regions of
   ``--blocks-per-region`` blocks, evicted whole in the order
@@ -68,6 +71,7 @@ POLICIES = (
     "lru",
     "belady",
     "oracle-lru",
+    "top-frequency",
     "second-sighting",
     "region-lru",
     "ours",
@@ -130,6 +134,25 @@ def replay_lru(
                         cache.popitem(last=False)
             seen.add(block)
     return hits, writes
+
+
+def replay_top_frequency(trace: Trace, capacity: int) -> tuple[int, int]:
+    """The ``capacity`` blocks referenced most (the earlier first on a tie), held from their
+    first reference on: hits and writes."""
+    blocks, first, counts = np.unique(trace.blocks, return_index=True, return_counts=True)
+    chosen = set(blocks[np.lexsort((first, -counts))[:capacity]].tolist())
+    held: set[int] = set()
+    hits = 0
+    for i in range(trace.requests):
+        prefix = True
+        for block in trace.request(i):
+            if prefix and block in held:
+                hits += 1
+            else:
+                prefix = False
+                if block in chosen:
+                    held.add(block)
+    return hits, len(held)
 
 
 def replay_belady(trace: Trace, capacity: int) -> tuple[int, int]:
@@ -392,6 +415,8 @@ def run_policy(
         hits, writes = replay_lru(trace, capacity, admit_seen_only=True)
     elif policy == "oracle-lru":
         hits, writes = replay_lru(trace, capacity, oracle=True)
+    elif policy == "top-frequency":
+        hits, writes = replay_top_frequency(trace, capacity)
     elif policy == "ours-budget":
         assert write_everything_bytes is not None
         budget = budget_share * write_everything_bytes / max(trace.duration_s, 1e-9)

@@ -1,10 +1,11 @@
 """Goal: the offline simulator (bench/trace_sim.py) applies LMCache's prefix rule and its
 reference policies right, and runs the gateway's own policy code: a cache that never evicts
 hits every reference but each block's first; Belady never hits less than LRU; second sighting
-writes only blocks seen before, the oracle only blocks read again; a block past a request's
-first miss is not a hit even when held; the gateway's policies run over regions and report their
-writes; a trace is read as LMCache sees it (whole blocks only); and a trace file that is not in
-the Mooncake format is refused naming its line."""
+writes only blocks seen before, the oracle only blocks read again, the frequency bound only the
+blocks used most; a block past a request's first miss is not a hit even when held; the
+gateway's policies run over regions and report their writes; a trace is read as LMCache sees it
+(whole blocks only); and a trace file that is not in the Mooncake format is refused naming its
+line."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.trace_file import read_trace
-from bench.trace_sim import main, replay_belady, replay_lru, run_policy
+from bench.trace_sim import main, replay_belady, replay_lru, replay_top_frequency, run_policy
 from tests.support.synthetic_trace import conversations, write_trace
 
 
@@ -45,6 +46,22 @@ def test_the_oracle_writes_only_blocks_read_again(trace_path: Path) -> None:
         trace.references - trace.distinct,
         again,
     )
+
+
+def test_top_frequency_holds_the_blocks_used_most_and_no_more(tmp_path: Path) -> None:
+    """Block 0 is in every request and block 1 in two: with room for one block, only block 0 is
+    written, and it hits in each request after the first; with room for all, every repeat
+    hits."""
+    path = write_trace(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": t, "input_length": 1024, "output_length": 1, "hash_ids": ids}
+            for t, ids in enumerate([[0, 1], [0, 1], [0, 2], [0, 3]])
+        ],
+    )
+    trace = read_trace(path)
+    assert replay_top_frequency(trace, 1) == (3, 1)
+    assert replay_top_frequency(trace, trace.distinct) == replay_lru(trace, trace.distinct)
 
 
 def test_only_a_requests_prefix_hits(tmp_path: Path) -> None:
