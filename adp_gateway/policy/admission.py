@@ -151,11 +151,12 @@ class Admission:
             cost = nbytes if drive_bytes is None else drive_bytes
             self._demand.add(seen_before, cost, now_s)
             budget_bar = self._budget_bar(now_s)
-            self._bar = max(self.settings.bar_floor, self._pressure_bar(eviction_age_s))
-            self._bar = max(self._bar, budget_bar)
+            pressure_bar = self._pressure_bar(eviction_age_s)
+            self._bar = max(self.settings.bar_floor, pressure_bar, budget_bar)
             rank = seen_before + 1 - _dither(now_s)
             if rank <= self._bar:
-                self._for_budget += rank <= budget_bar
+                if rank <= budget_bar:
+                    self._for_budget += 1
                 return self._count_locked(False, nbytes)
             if self._budget is not None and not self._budget.take(cost, now_s):
                 self._for_budget += 1

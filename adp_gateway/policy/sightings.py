@@ -122,4 +122,6 @@ class ReuseGaps:
     def _bucket(self, gap_s: float) -> int:
         if gap_s <= self.FIRST_S:
             return 0
-        return min(self.BUCKETS - 1, math.ceil(math.log2(gap_s / self.FIRST_S)))
+        if gap_s >= self.FIRST_S * 2 ** (self.BUCKETS - 1):  # the last bucket, infinity included
+            return self.BUCKETS - 1
+        return math.ceil(math.log2(gap_s / self.FIRST_S))

@@ -81,6 +81,7 @@ def test_reuse_gaps_give_the_share_that_came_back_within_an_age() -> None:
     assert gaps.share_within(2.0) == pytest.approx(0.3)
     assert gaps.share_within(130.0) == pytest.approx(0.8)
     assert gaps.share_within(10**6) == pytest.approx(1.0)
+    assert gaps.share_within(math.inf) == 1.0
     shares = [gaps.share_within(age) for age in (0.1, 1, 10, 100, 1000, 10**4)]
     assert shares == sorted(shares)
 
@@ -186,6 +187,16 @@ def test_under_pressure_first_sightings_are_declined_and_keys_seen_before_admitt
 def test_when_objects_would_last_longer_than_keys_take_to_return_everything_is_written() -> None:
     admission, _ = pressured(capacity_bytes=10**9)
     assert all(admission.admit(key(50_000 + i), 1, 470.0, 20.0) for i in range(1000))
+
+
+def test_with_no_bytes_stored_yet_objects_would_last_for_ever_and_everything_is_written() -> None:
+    """Keys have come back, but nothing was stored yet that cost the drive a byte: at an
+    infinite keep no first sighting is declined."""
+    admission = Admission(AdmissionSettings(capacity_bytes=10_000), 0.0)
+    for i in range(100):
+        admission.sighted(key(i), 0.0)
+        admission.sighted(key(i), 100.0)
+    assert admission.admit(key(99_999), 0, 200.0, 20.0)
 
 
 def test_a_card_that_does_not_evict_takes_every_store() -> None:
