@@ -5,8 +5,10 @@ so it takes an unread region before a read one up to that many times older, and 
 the card itself, a flood of objects written once does not push out an older region that was
 read; a database of many
 regions is ranked whole (the very best victim, a busy one passed over), and an emptied region
-still goes first; and the counts, bytes and orders that takes, appends and reads keep, so that
-neither a take nor a status passes over every region, are what a recount finds."""
+still goes first; a pool below its limit whose last free region the preparer holds reclaims
+one of its own; and the counts, bytes and orders that takes, appends, reads and fillings given
+up keep, so that neither a take nor a status passes over every region, are what a recount
+finds."""
 
 from __future__ import annotations
 
@@ -127,10 +129,13 @@ def test_the_counts_and_orders_a_take_and_a_read_keep_are_what_a_recount_finds()
         pools = [allocator.pool_bytes(tenant) for tenant in ("a", "b", "")]
         return dict(+db.held), db.free_regions, orders, db.used_bytes(), pools
 
-    for _ in range(300):
+    for take in range(300):
         region = allocator.take(db, rng.choice(["a", "b", SHARED_POOL]))
-        region.live = 1
         db.reserve(region, PAGE_BYTES * rng.randrange(4))
+        if take < 250 and rng.random() < 0.1:  # its first write failed: records.py gives it up
+            db.release(region)
+        else:
+            region.live = 1
         filled = [r for r in db.regions if r.epoch]
         for read in rng.sample(filled, min(3, len(filled))):
             db.touch(read, next(state.clock))
@@ -143,3 +148,12 @@ def test_the_counts_and_orders_a_take_and_a_read_keep_are_what_a_recount_finds()
     victim = max((r for r in db.regions if r.pool == "b"), key=lambda r: r.last_access)
     count_live(state, [Location(db.index, victim.index, victim.epoch, 0, 0)], -1)
     assert allocator.take(db, "b") is victim
+
+
+def test_a_pool_below_its_limit_reclaims_its_own_while_the_preparer_holds_the_free_region() -> None:
+    db = Database(0, MemoryDevice(PAGE_BYTES + 4 * REGION), REGION)
+    state = LogState([db], lambda *region: [])
+    allocator = Allocator(state, Pools({}))
+    taken = [allocator.take(db, SHARED_POOL) for _ in range(3)]
+    next(r for r in db.regions if r.epoch == 0).preparing = True
+    assert allocator.take(db, SHARED_POOL) in taken

@@ -349,6 +349,24 @@ def test_a_failed_first_write_leaves_nothing_of_its_filling_and_frees_the_region
     assert scanned_seqs(RegionLog([device.inner], REGION, lambda *r: [])) == [2]
 
 
+def test_a_region_whose_first_write_failed_is_counted_free_and_filled_in_its_turn() -> None:
+    """The filling given up uses no bytes, and the region is not ranked as the oldest victim
+    for ever: the log fills all four regions before it reclaims one, and reclaims them in
+    turn."""
+    device = FaultyDevice(MemoryDevice(SIZE))
+    reclaimed: list[int] = []
+    log = RegionLog([device], REGION, lambda _db, region, _epoch: reclaimed.append(region) or [])
+    device.fail("write", errno.EIO)
+    with pytest.raises(StorageError):
+        log.append(0, header(1, 8192, ZEROS), extent(ZEROS))
+    assert log.used_bytes == 0
+    for seq in range(2, 400):
+        log.append(0, header(seq, 8192, ZEROS), extent(ZEROS))
+    assert len(reclaimed) > 8 and all(
+        sorted(reclaimed[i : i + 4]) == [0, 1, 2, 3] for i in range(0, len(reclaimed) - 3, 4)
+    )
+
+
 def test_an_append_waiting_for_a_stuck_first_write_gives_up_at_its_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

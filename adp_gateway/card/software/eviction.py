@@ -2,7 +2,8 @@
 region may be taken.
 
 Regions are reclaimed whole. A region that holds nothing the store still uses (a deleted or
-overwritten object's) goes first, least recently used first; else the one the pool's
+overwritten object's) goes first, the one emptied longest ago first (without a pass over them
+all: after a restart most regions may be emptied); else the one the pool's
 ``EvictionOrder`` ranks first (victims.py; the config's ``eviction``: ``scan-resistant`` by
 default, or ``lru``). The store reports which records it uses with ``retain``/``release``
 (``count_live``); a region with reads or writes in flight, or open for appends, is never
@@ -13,7 +14,7 @@ which admission weighs (adp_gateway/policy/admission.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from adp_gateway.card.software.regions import Database, Location, LogState, Region
 from adp_gateway.errors import StorageError
@@ -31,10 +32,8 @@ def choose_victim(state: LogState, db: Database, pools: set[str], wanted_by: str
             and id(region) not in opened
         )
 
-    emptied = [r for r in db.emptied.values() if r.epoch and r.live == 0 and may_take(r)]
-    if emptied:
-        region = min(emptied, key=lambda r: r.last_access)
-    else:
+    region = _first_emptied(db, may_take)
+    if region is None:
         now = next(state.clock)
         found = [
             ranked
@@ -52,11 +51,26 @@ def choose_victim(state: LogState, db: Database, pools: set[str], wanted_by: str
                 "may take has reads or writes in flight"
             )
         region = db.regions[min(found)[1]]
-    db.emptied = {i: r for i, r in db.emptied.items() if r.live == 0 and r is not region}
     if region.last_access_s:  # known: not a region recovered at start-up and unused since
         now_s = time.monotonic()
         state.evictions.evicted(now_s - region.last_access_s, now_s)
     return region
+
+
+def _first_emptied(db: Database, may_take: Callable[[Region], bool]) -> Region | None:
+    """The region emptied longest ago that ``may_take`` allows; entries used again since are
+    dropped on the way (a refill drops its own)."""
+    used_again = []
+    found = None
+    for index, region in db.emptied.items():
+        if region.live:
+            used_again.append(index)
+        elif may_take(region):
+            found = region
+            break
+    for index in used_again:
+        del db.emptied[index]
+    return found
 
 
 def count_live(state: LogState, locations: Iterable[Location], delta: int) -> None:

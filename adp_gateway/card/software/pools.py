@@ -78,7 +78,9 @@ class Allocator:
             region, carried = free, free.carried
         else:
             over = {p for p, n in held.items() if n > self.pools.limit(p, len(db.regions))}
-            region = choose_victim(state, db, over if below else {pool}, pool)
+            # Below its limit with none free (the preparer may hold the last), a pool takes
+            # from one over its limit, or else from its own.
+            region = choose_victim(state, db, (over or {pool}) if below else {pool}, pool)
             carried = state.on_reclaim(db.index, region.index, region.epoch)
             state.reclaims += 1
         db.refill(region, state.next_epoch, next(state.clock), pool)

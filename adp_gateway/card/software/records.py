@@ -28,7 +28,6 @@ from adp_gateway.card.software.format import (
 )
 from adp_gateway.card.software.pools import Allocator
 from adp_gateway.card.software.regions import (
-    SHARED_POOL,
     Database,
     Location,
     LogState,
@@ -199,17 +198,17 @@ class RecordWriter:
                 start += header.record_bytes
             region.writes_inflight -= len(run.headers)
             if region.started is False and region.writes_inflight == 0:
-                self._free_failed(region)
+                self._free_failed(db, region)
             seal = self._sealer.ready(region)
         if seal:
             self._sealer.write(db, region)
         return locations
 
-    def _free_failed(self, region: Region) -> None:
+    def _free_failed(self, db: Database, region: Region) -> None:
         """Under the lock: a filling whose first write failed, with nothing in flight, is free
         again; the tombstones it was to carry go to its next filling."""
         carried = [header for _, header in region.records if header.kind == Kind.TOMBSTONE]
-        region.refill(0, 0, SHARED_POOL)
+        db.release(region)
         region.started, region.carried = True, carried
 
     @contextlib.contextmanager

@@ -69,7 +69,9 @@ class Region:
     prepared_bytes: int = 2**62
     preparing: bool = False  # held by the preparer: not free to take
 
-    def refill(self, epoch: int, now: int, pool: str) -> None:
+    def reset(self, epoch: int, now: int, pool: str) -> None:
+        """Empty, at the start of filling ``epoch`` (0: free); only ``Database`` calls this,
+        as it keeps counts of regions by epoch and pool."""
         self.epoch, self.last_access, self.pool = epoch, now, pool
         self.reads, self.last_access_s = 0, time.monotonic()
         self.used_bytes = self.footer_bytes = self.live = 0
@@ -108,10 +110,10 @@ class Database:
         self.last_io = 0.0  # monotonic time the last of them ended
         self.takes = self.takes_seen = 0  # regions taken, and as the preparer last counted
         # Regions filled, by pool, and regions never filled (epoch 0): counted from the regions
-        # at the first take after recovery, then kept by ``refill``, the only change to a
-        # region's epoch or pool after it, so that neither a take nor a status need pass over
-        # every region (a drive's worth of regions is 10**5: a pass costs milliseconds, under
-        # the lock).
+        # at the first take after recovery, then kept by ``refill`` and ``release``, the only
+        # changes to a region's epoch or pool after it, so that neither a take nor a status
+        # need pass over every region (a drive's worth of regions is 10**5: a pass costs
+        # milliseconds, under the lock).
         self.held: Counter[str] | None = None
         self.free_regions = 0
         self._used_bytes = 0  # of the filled regions; kept with ``held`` by ``reserve``
@@ -157,8 +159,21 @@ class Database:
         else:
             self.free_regions -= 1
         held[pool] += 1
-        region.refill(epoch, now, pool)
+        self.emptied.pop(region.index, None)
+        region.reset(epoch, now, pool)
         self.order(pool).add(region)
+
+    def release(self, region: Region) -> None:
+        """Under the log's lock: ``region``'s filling is given up (its first write failed):
+        the region is free again, and the counts and orders follow."""
+        held = self.count_regions()
+        held[region.pool] -= 1
+        self._used_bytes -= region.used_bytes
+        self.order(region.pool).remove(region)
+        self.emptied.pop(region.index, None)
+        self.free_regions += 1
+        self.free_order = None  # sorted again at the next take, with this one among them
+        region.reset(0, 0, SHARED_POOL)
 
     def reserve(self, region: Region, nbytes: int) -> None:
         """Under the log's lock: ``nbytes`` more of ``region``, filled, are used from its end."""
