@@ -63,6 +63,11 @@ class Trace:
     def duration_s(self) -> float:
         return float(self.times_s[-1] - self.times_s[0]) if self.requests else 0.0
 
+    def capacity_blocks(self, percent: float) -> int:
+        """``percent`` % of the distinct blocks, at least one: a capacity the benches compare
+        policies at."""
+        return max(1, int(self.distinct * percent / 100))
+
     def request(self, i: int) -> list[int]:
         return self.blocks[self.starts[i] : self.starts[i + 1]].tolist()  # type: ignore[no-any-return]
 

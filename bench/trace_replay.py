@@ -3,7 +3,8 @@ shares of the trace's distinct blocks: what each L2 hits and what it writes to t
 
     python -m bench.trace_replay TRACE [--requests N] [--speed 4] [--block-tokens 16]
         [--capacities 1,2,5,10,25,50] [--contenders ours,gateway-lru,ours-budget,lmcache-lru,
-        fs_native] [--l1-gb 0.25] [--out bench/results/trace-replay-vm]
+        fs_native] [--l1-gb 0.25] [--blocks-per-region 4] [--budget-share 0.25] [--jobs 1]
+        [--out bench/results/trace-replay-vm]
 
 Per request the client (bench/trace_client.py) does what vLLM does through LMCache: LOOKUP of
 the prompt's chunks (L1, then the L2 prefix, prefetched), RETRIEVE of the prefix that hit, STORE
@@ -56,9 +57,15 @@ from adp_wire.units import format_size
 from bench.harness import LMCACHE_BIN
 from bench.machine import machine
 from bench.results import write as write_result
-from bench.trace_client import ReplayClient, chunk_bytes
+from bench.trace_client import PAGE_TOKENS, ReplayClient, chunk_bytes
 from bench.trace_file import Trace, read_trace, source_of
-from bench.trace_sim import BURST_SHARE, replay_belady, replay_lru, summary
+from bench.trace_sim import (
+    BURST_SHARE,
+    CAPACITIES_PERCENT,
+    region_count,
+    run_policy,
+    summary,
+)
 from tests.support import (
     Gateway,
     LMCacheServer,
@@ -69,7 +76,6 @@ from tests.support import (
 )
 
 CONTENDERS = ("ours", "gateway-lru", "ours-budget", "lmcache-lru", "fs_native")
-CAPACITIES_PERCENT = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0)
 HEADER_BYTES = 4096  # a record's header on the card
 SETTLE_TIMEOUT_S = 600.0
 
@@ -89,9 +95,6 @@ class Setup:
     @property
     def block_bytes(self) -> int:
         return chunk_bytes(self.block_tokens)
-
-    def capacity_blocks(self, percent: float) -> int:
-        return max(2 * self.blocks_per_region, int(self.trace.distinct * percent / 100))
 
 
 @dataclass
@@ -163,7 +166,7 @@ def gateway_config(
     per_region = setup.blocks_per_region
     region = per_region * (setup.block_bytes + HEADER_BYTES) + 4 * HEADER_BYTES
     region = -(-(region + per_region * 512) // 4096) * 4096  # the footer's entries
-    regions = max(2, -(-capacity_blocks // per_region))
+    regions = region_count(capacity_blocks, per_region)
     settings = {
         "capacity": 4096 + regions * region,
         "region_size": region,
@@ -203,7 +206,7 @@ def run_contender(
     setup: Setup, contender: str, percent: float | None, budget: float | None = None
 ) -> Run:
     """One contender at one capacity, from empty storage."""
-    capacity_blocks = setup.capacity_blocks(percent) if percent is not None else 0
+    capacity_blocks = setup.trace.capacity_blocks(percent) if percent is not None else 0
     run = Run(contender, percent, capacity_blocks * setup.block_bytes, setup.trace.references)
     workdir = short_tmpdir()
     gateway: Gateway | None = None
@@ -221,12 +224,10 @@ def run_contender(
             config = workdir / "gateway.yaml"
             metrics_port = free_port()
             config.write_text(gateway_config(setup, capacity_blocks, policy, metrics_port))
-            gateway = Gateway(workdir, "1GiB", "--config", str(config))
-            gateway.args.remove("--capacity")  # the config's
-            gateway.args.remove("1GiB")
-            gateway.start()
+            gateway = Gateway(workdir, None, "--config", str(config)).start()
+            assert gateway.proc is not None
             spec = gateway.l2_adapter_json()
-            io_pid = gateway.proc.pid if gateway.proc else 0
+            io_pid = gateway.proc.pid
         else:
             base = workdir / "l2"
             base.mkdir()
@@ -294,14 +295,10 @@ def gateway_status(gateway: Gateway, metrics_port: int) -> dict[str, Any]:
 
 def offline(setup: Setup, percent: float) -> dict[str, dict[str, float]]:
     """The same capacity's offline LRU, Belady and second sighting (hit ratio, blocks written)."""
-    capacity = setup.capacity_blocks(percent)
     out = {}
-    for name, (hits, writes) in (
-        ("lru", replay_lru(setup.trace, capacity)),
-        ("belady", replay_belady(setup.trace, capacity)),
-        ("second-sighting", replay_lru(setup.trace, capacity, admit_seen_only=True)),
-    ):
-        out[name] = {"hit_ratio": hits / max(setup.trace.references, 1), "blocks_written": writes}
+    for name in ("lru", "belady", "second-sighting"):
+        o = run_policy(name, setup.trace, percent, setup.blocks_per_region, setup.block_bytes, 0, 0)
+        out[name] = {"hit_ratio": o.hit_ratio, "blocks_written": o.blocks_written}
     return out
 
 
@@ -421,7 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace", type=Path, help="a trace in the Mooncake format (JSON lines)")
     parser.add_argument("--requests", type=int, help="only the first N requests")
     parser.add_argument("--speed", type=float, default=4.0, help="times faster than the trace")
-    parser.add_argument("--block-tokens", type=int, default=16, help="4 KiB of KV per token")
+    parser.add_argument(
+        "--block-tokens",
+        type=int,
+        default=16,
+        help=f"LMCache's chunk size: tokens per trace block, a multiple of {PAGE_TOKENS}",
+    )
     parser.add_argument("--capacities", default=",".join(f"{c:g}" for c in CAPACITIES_PERCENT))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--l1-gb", type=float, default=0.25)
@@ -434,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, help="write OUT.json and OUT.md (bench/results/trace-replay-vm)"
     )
     args = parser.parse_args(argv)
+    if args.block_tokens <= 0 or args.block_tokens % PAGE_TOKENS:
+        parser.error(f"--block-tokens must be a positive multiple of {PAGE_TOKENS}")
     unknown = set(args.contenders.split(",")) - set(CONTENDERS)
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")

@@ -127,7 +127,7 @@ class Gateway(Process):
     def __init__(
         self,
         workdir: Path,
-        capacity: str = "1GiB",
+        capacity: str | None = "1GiB",  # None: the config's
         *extra: str,
         data_dir: Path | None = None,
         socket_path: Path | None = None,
@@ -140,8 +140,7 @@ class Gateway(Process):
             str(self.data_dir),
             "--socket",
             str(self.socket_path),
-            "--capacity",
-            capacity,
+            *(["--capacity", capacity] if capacity is not None else []),
             *extra,
         ]
 

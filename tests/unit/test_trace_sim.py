@@ -1,11 +1,11 @@
 """Goal: the offline simulator (bench/trace_sim.py) applies LMCache's prefix rule and its
 reference policies right, and runs the gateway's own policy code: a cache that never evicts
-hits every reference but each block's first; Belady never hits less than LRU; second sighting
-writes only blocks seen before, the oracle only blocks read again, the frequency bound only the
-blocks used most; a block past a request's first miss is not a hit even when held; the
-gateway's policies run over regions and report their writes; a trace is read as LMCache sees it
-(whole blocks only); and a trace file that is not in the Mooncake format is refused naming its
-line."""
+hits every reference but each block's first; on conversations Belady hits no less than LRU
+(under the prefix rule it is not a bound on every trace); second sighting writes only blocks
+seen before, the oracle only blocks read again, the frequency bound only the blocks used most;
+a block past a request's first miss is not a hit even when held; the gateway's policies run over
+regions and report their writes; a trace is read as LMCache sees it (whole blocks only); and a
+trace file that is not in the Mooncake format is refused naming its line."""
 
 from __future__ import annotations
 
