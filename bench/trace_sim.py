@@ -231,7 +231,7 @@ class FrequencyAwareOrder:
         self, ranking: Ranking, may_take: Callable[[int], bool], now: int
     ) -> tuple[Rank, int] | None:
         heads = [
-            (now - rate * (now - clock), index)
+            (-rate * (now - clock), index)
             for rate, ranked in zip(self._AGING, self._by_reads, strict=True)
             for clock, index in itertools.islice(filter(lambda e: may_take(e[1]), ranked), 1)
         ]

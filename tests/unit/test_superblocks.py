@@ -1,8 +1,9 @@
 """Goal: the superblock survives one bad copy, and a database that holds data is never formatted
 without an operator's `adp-gateway format --force`. A flipped byte in the superblock loses
 nothing (its copy in every region's start record rebuilds it, and `check` reports it); a
-database with no readable superblock that holds anything is refused with one line naming
-`check`, its bytes untouched; only one that holds nothing is formatted by the gateway."""
+database with no readable superblock that holds anything (in its first MiB, where others'
+labels lie, or where a format writes) is refused with one line naming `check`, its bytes
+untouched; only one that holds nothing is formatted by the gateway."""
 
 from __future__ import annotations
 
@@ -150,6 +151,27 @@ def test_a_foreign_device_is_refused_untouched(tmp_path: Path) -> None:
     database.write_bytes(payload(7, SIZE))
     before = digest(database)
     refused(tmp_path, r"adp-gateway check")
+    assert digest(database) == before
+
+
+@pytest.mark.parametrize(
+    "label_at",
+    [64 * 2**10, 2**20 - 100, PAGE_BYTES + 3 * REGION - 8],
+    ids=["btrfs-label-at-64KiB", "end-of-first-MiB", "a-region-last-page"],
+)
+def test_a_device_of_zeros_but_a_label_where_a_format_writes_is_refused_untouched(
+    tmp_path: Path, label_at: int
+) -> None:
+    """Zeros on page 0 and at every region's start do not make a device blank: a filesystem's
+    or RAID's label in its first MiB, or bytes in a region's last page (which a format zeroes),
+    are someone's."""
+    database = tmp_path / "db0.adp"
+    with open(database, "wb") as f:
+        f.truncate(SIZE)
+        f.seek(label_at)
+        f.write(b"_BHRfS_M")
+    before = digest(database)
+    refused(tmp_path, r"not empty, so the gateway will not format it")
     assert digest(database) == before
 
 

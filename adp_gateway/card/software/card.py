@@ -45,6 +45,7 @@ from adp_gateway.card.software.sealing import write_cost
 from adp_gateway.card.software.settings import SoftwareCardConfig, software_config
 from adp_gateway.card.software.values import ValueIO, intact
 from adp_gateway.card.software.victims import Ranking
+from adp_gateway.errors import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,10 @@ class SoftwareCard(Card):
             if not intact(value_id, manifest, index, header, into):
                 with self._counts_lock:
                     self._verify_failures += 1
-                self._catalog.drop(value_id, manifest)
+                try:
+                    self._catalog.drop(value_id, manifest)
+                except StorageError as exc:  # kept in the index: the next read misses again
+                    log.warning("%s/%s is corrupt and could not be dropped: %s", *value_id, exc)
                 return False
         return True
 

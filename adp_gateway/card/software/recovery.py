@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Never
@@ -93,7 +94,10 @@ class RegionScan:
         done = 0
         for db in self._state.databases:
             for region in db.regions:
-                rows = self._recover_region(db, region)
+                try:
+                    rows = self._recover_region(db, region)
+                except OSError as exc:
+                    rows = self._unreadable(db, region, exc)
                 if rows:
                     start = db.region_offset(region.index)
                     yield RegionRecords(db.index, region.index, region.epoch, start, rows)
@@ -102,7 +106,11 @@ class RegionScan:
                     progress(done, total)
         regions = [r for db in self._state.databases for r in db.regions]
         top = max((r.epoch for r in regions), default=0)
-        self._state.next_epoch = top + 1
+        # Epochs never come back, not even those of fillings whose start record a power cut
+        # lost while later writes of theirs landed: a region refilled under such an epoch would
+        # have a walk believe those stale records. The wall clock in nanoseconds is past every
+        # epoch an earlier run handed out (one a filling), as long as it is not set back.
+        self._state.next_epoch = max(top + 1, time.time_ns())
         self._state.clock = itertools.count(top + 1)
         for db in self._state.databases:
             db.held = None  # the take after recovery counts the regions again
@@ -128,6 +136,21 @@ class RegionScan:
             rewrite_start(reader, db.superblock, first)
             db.group_sync.wrote()
         return rows
+
+    @staticmethod
+    def _unreadable(db: Database, region: Region, exc: OSError) -> list[FooterRow]:
+        """A region the device failed to read or write back at start-up (a bad sector): its
+        records are not loaded, and the region is reclaimed first, as one emptied; the rest of
+        the database starts as it is."""
+        log.warning(
+            "database %d region %d: the device failed at start-up (%s); its records are not "
+            "loaded, and the region is reused first",
+            db.index,
+            region.index,
+            exc,
+        )
+        region.records, region.writes_inflight = [], 0
+        return []
 
     def _damaged_start(
         self, db: Database, region: Region, reader: RegionReader
@@ -179,8 +202,8 @@ class RegionScan:
             if self._believed(db, reader, offset, header):
                 records.append((offset, header))
         region.records = records
-        if end:
-            region.used_bytes = end
+        region.used_bytes = end
+        if records:  # else nothing to index, and a footer at 0 would cover the start record
             region.writes_inflight += 1
             self._sealer.write(db, region)
         return [row_of(offset, header) for offset, header in records]

@@ -148,12 +148,18 @@ class RegionLog:
         count_live(self._state, locations, -1)
 
     def sync(self, databases: set[int]) -> None:
-        """Make every write completed so far on ``databases`` durable (group commit)."""
-        for database in databases:
+        """Make every write completed so far on ``databases`` durable (group commit). Each
+        database is synced even when another's sync fails; the first failure is raised then."""
+        failed: StorageError | None = None
+        for database in sorted(databases):
             try:
                 self._state.databases[database].group_sync.sync()
             except OSError as exc:
-                raise StorageError(f"sync of database {database} failed: {exc}") from exc
+                error = StorageError(f"sync of database {database} failed: {exc}")
+                error.__cause__ = exc
+                failed = failed or error
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
         """Seal the open regions with their footers (a restart treats every region as sealed,

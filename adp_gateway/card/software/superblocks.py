@@ -36,6 +36,7 @@ from adp_gateway.errors import StartupError
 from adp_wire.ring.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)
+LABELS_BYTES = 2**20  # the head of a device that others' labels use (``blank``)
 _REGION_BYTES_AT = struct.Struct("<Q")  # region_bytes, at offset 16 of a superblock
 _REGION_BYTES_OFFSET = 16
 
@@ -117,7 +118,7 @@ def _format_if_empty(device: Device, index: int, region_bytes: int) -> Superbloc
             "gateway's --config or --data-dir; its cached objects are lost)"
         )
     ours = any(page) and bytes(page[:8]) == SUPERBLOCK_MAGIC
-    if (any(page) and not ours) or regions_in_use(device, region_bytes):
+    if (any(page) and not ours) or not blank(device, region_bytes):
         raise StartupError(
             f"database {index}{_at(device)} has no readable superblock (nor a copy in its "
             "regions) but is not empty, so the gateway will not format it: run `adp-gateway "
@@ -163,6 +164,24 @@ def regions_in_use(device: Device, region_bytes: int) -> int:
         device.read([page], start)
         used += any(page)
     return used
+
+
+def blank(device: Device, region_bytes: int) -> bool:
+    """Whether ``device`` holds zeros wherever a format writes (each region's first and last
+    page) and in its first MiB after the superblock's page, where partition tables and the
+    labels of filesystems, RAID and volume managers lie: only such a device is formatted
+    unasked (a btrfs has its first label at 64 KiB, a copy at 64 MiB)."""
+    head = aligned(min(LABELS_BYTES, (device.size_bytes - PAGE_BYTES) // PAGE_BYTES * PAGE_BYTES))
+    device.read([head], PAGE_BYTES)
+    if bytes(head).count(0) != len(head):
+        return False
+    page = aligned(PAGE_BYTES)
+    for start in region_starts(device, region_bytes):
+        for offset in (start, start + region_bytes - PAGE_BYTES):
+            device.read([page], offset)
+            if any(page):
+                return False
+    return True
 
 
 def region_starts(device: Device, region_bytes: int) -> list[int]:

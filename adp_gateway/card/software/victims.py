@@ -55,7 +55,9 @@ class Ranked(Protocol):
     def reads(self) -> int: ...
 
 
-# Orders victims across pools: the clock a region counts as last used at, lowest first.
+# Orders victims across pools, lowest first: minus how long ago, on the clock, a region counts
+# as last used (an age, not a clock: after a restart clocks run near 2**60, see recovery.py,
+# where a float keeps no single ticks).
 Rank = float
 
 
@@ -91,16 +93,17 @@ class EvictionOrder:
         """The region to evict first among those ``may_take`` (by index) allows, at clock
         ``now``, with its rank; None if it allows none."""
         used = _first(self._by_use, may_take)
+        age = None if used is None else float(now - used[0])
         if ranking == Ranking.SCAN_RESISTANT:
             unread = _first(self._unread, may_take)
             if unread is not None:
-                aged = now - UNREAD_AGE_FACTOR * (now - unread[0])
-                if used is None or aged <= used[0]:
-                    return aged, unread[1]
-        return used
+                aged = UNREAD_AGE_FACTOR * (now - unread[0])
+                if age is None or aged >= age:
+                    return -aged, unread[1]
+        return None if used is None or age is None else (-age, used[1])
 
 
 def _first(
     ranked: SortedList[tuple[int, int]], may_take: Callable[[int], bool]
-) -> tuple[Rank, int] | None:
-    return next(((float(clock), index) for clock, index in ranked if may_take(index)), None)
+) -> tuple[int, int] | None:
+    return next(((clock, index) for clock, index in ranked if may_take(index)), None)
