@@ -35,6 +35,7 @@ import numpy as np
 import xxhash
 
 from adp_wire.errors import ProtocolError
+from adp_wire.sealed import check_sealed
 
 MAGIC = b"ADPPRES1"
 VERSION = 1
@@ -69,6 +70,7 @@ class PresenceView:
         """Maps ``fd`` (which the caller still owns). Raises ProtocolError when it is not a
         table of ``slots`` cells."""
         check_slots(slots)
+        check_sealed(fd, "the presence table")
         try:
             size = os.fstat(fd).st_size
             if size != table_bytes(slots):

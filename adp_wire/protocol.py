@@ -32,7 +32,7 @@ from adp_wire.errors import HandshakeRefused, ProtocolError
 from adp_wire.ring.layout import align_up
 
 # 5: the gateway takes a zero-copy store's checksums; 6: no fragment_bytes; 7: remote copy
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64

@@ -108,6 +108,8 @@ class IOLoop:
             self._shared.lookups = self._link.lookups
             self._shared.untaken.attach(self._link.untaken)
         if self._link is not None and not self._link.alive():
+            for completion, request in self._link.completions():  # done before it went
+                self._finish(request, completion)
             log.warning("the gateway went away; ops fail until it is back")
             self._drop_link()
         self._accept()  # first: a new lookup is on its way before any other work of this step

@@ -12,6 +12,7 @@ import select
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -84,6 +85,8 @@ class GatewayLink:
                 self._mapping = map_shared(memfd, self.layout)
             finally:
                 os.close(memfd)
+            doorbell.check(self.submit_doorbell, "the submission doorbell")
+            doorbell.check(self.complete_doorbell, "the completion doorbell")
             self.memory = memoryview(self._mapping)
             self.window = self.layout.window(self.memory)
             # The plugin's count of the stores it did not take, which the gateway reads.
@@ -171,13 +174,18 @@ class GatewayLink:
         return self._sock.fileno()
 
     def alive(self) -> bool:
-        """False once the gateway closed its end (it died or dropped us)."""
+        """False once the gateway closed its end (it died or dropped us). Raises ProtocolError
+        if it sent bytes: it sends none after the welcome, and bytes left unread would wake
+        the I/O thread's poll at once, for ever."""
         try:
-            return self._sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) != b""
+            peeked = self._sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
         except BlockingIOError:
             return True
         except OSError:
             return False
+        if peeked:
+            raise ProtocolError("the gateway sent bytes after its welcome")
+        return False
 
     def try_reserve(
         self, request: Request, slots_max: int, window_bytes_max: int, slots_kept: int = 0
@@ -263,15 +271,20 @@ class GatewayLink:
     def ring(self) -> None:
         doorbell.ring(self.submit_doorbell)
 
-    def completions(self) -> list[tuple[Completion, Request]]:
+    def completions(self) -> Iterator[tuple[Completion, Request]]:
+        """The ops the gateway completed, each with its request (out of ``inflight``). Raises
+        ProtocolError, once the others are yielded, for a completion of no op in flight."""
         doorbell.answer(self.complete_doorbell)
-        out = []
+        unknown = []
         for completion in self._completions.pop_all():
-            request = self.inflight.pop(completion.op_id, None)
+            request = self.inflight.get(completion.op_id)
             if request is None or request.slot != completion.slot:
-                raise ProtocolError(f"completion for unknown op {completion.op_id}")
-            out.append((completion, request))
-        return out
+                unknown.append(completion.op_id)
+                continue
+            del self.inflight[completion.op_id]
+            yield completion, request
+        if unknown:
+            raise ProtocolError(f"completions for unknown ops {unknown}")
 
     def give_up(self, request: Request) -> None:
         """Before a store the gateway reads from L1 is reported failed: tell the gateway,
@@ -295,11 +308,16 @@ class GatewayLink:
         """After ``shutdown``: wait up to ``timeout_s`` for the gateway's EOF, which it sends
         only once no zero-copy store of ours is reading L1; True when it came."""
         deadline = time.monotonic() + timeout_s
-        while self.alive():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            select.select([self._sock], [], [], remaining)
+        poller = select.poll()  # select() refuses fd numbers of 1024 and up
+        poller.register(self._sock, select.POLLIN)
+        try:
+            while self.alive():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                poller.poll(remaining * 1000)
+        except ProtocolError:
+            return False
         return True
 
     def shutdown(self) -> None:

@@ -33,6 +33,7 @@ from adp_wire.presence import (
     fingerprint,
     table_bytes,
 )
+from adp_wire.sealed import sealed_memfd
 
 OBJECT_BYTES_TYPICAL = 128 * 1024  # well under one LMCache chunk of any real model
 LOAD_MAX = 0.75
@@ -50,8 +51,7 @@ class PresenceTable:
     def __init__(self, slots: int) -> None:
         check_slots(slots)
         self.slots = slots
-        self.fd = os.memfd_create("adp-presence", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, table_bytes(slots))
+        self.fd = sealed_memfd("adp-presence", table_bytes(slots))
         self._mapping = mmap.mmap(self.fd, table_bytes(slots))
         HEADER.pack_into(self._mapping, 0, MAGIC, VERSION, slots, 1, 0)
         self._cells: np.ndarray[Any, np.dtype[np.uint64]] = np.frombuffer(

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+from adp_wire.errors import ProtocolError
+
 
 def new() -> int:
     return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -23,3 +25,15 @@ def ring(fd: int) -> None:
 def answer(fd: int) -> None:
     with contextlib.suppress(BlockingIOError):
         os.eventfd_read(fd)
+
+
+def check(fd: int, what: str) -> None:
+    """Raises ProtocolError, naming ``what``, unless ``fd`` is an eventfd; makes it non-blocking
+    (an answer on a blocking one with nothing rung would hang its thread)."""
+    try:
+        kind = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as exc:
+        raise ProtocolError(f"{what} is not an open fd ({exc})") from exc
+    if kind != "anon_inode:[eventfd]":
+        raise ProtocolError(f"{what} is {kind}, not an eventfd")
+    os.set_blocking(fd, False)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from adp_wire.errors import ProtocolError
+from adp_wire.sealed import check_sealed, sealed_memfd
 
 PAGE_BYTES = 4096
 MAGIC = b"ADPRING1"
@@ -115,8 +116,7 @@ class RingLayout:
 
 def create_shared(layout: RingLayout) -> tuple[int, mmap.mmap]:
     """Create the memfd for a new session, write its header and map it (gateway side)."""
-    fd = os.memfd_create("adp-session", os.MFD_CLOEXEC)
-    os.ftruncate(fd, layout.total_bytes)
+    fd = sealed_memfd("adp-session", layout.total_bytes)
     mapping = mmap.mmap(fd, layout.total_bytes)
     prefer_huge_pages(mapping)
     _HEADER.pack_into(
@@ -134,6 +134,7 @@ def prefer_huge_pages(mapping: mmap.mmap) -> None:
 
 def map_shared(fd: int, layout: RingLayout) -> mmap.mmap:
     """Map a session memfd received from the gateway and check it matches the welcome."""
+    check_sealed(fd, "the session memory")
     size = os.fstat(fd).st_size
     if size != layout.total_bytes:
         raise ProtocolError(

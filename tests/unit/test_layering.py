@@ -14,12 +14,13 @@ PRODUCT = ("adp_wire", "adp_gateway", "lmcache_adp")
 PLUGIN_MAY_USE: set[str] = set()  # everything the plugin shares is in adp_wire
 # A module may import only modules of a strictly lower layer of its own package.
 WIRE_LAYERS = [
+    {"adp_wire.errors"},
     {
-        "adp_wire.errors",
         "adp_wire.checksum",
         "adp_wire.fragmenter",
         "adp_wire.trace",
         "adp_wire.ring.doorbell",
+        "adp_wire.sealed",
         "adp_wire.threads",
     },
     {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout", "adp_wire.presence"},

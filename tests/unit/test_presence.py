@@ -15,7 +15,8 @@ import pytest
 
 from adp_gateway.sessions.presence import LOAD_MAX, Presence, PresenceTable, slots_for
 from adp_wire.errors import ProtocolError
-from adp_wire.presence import PROBES_MAX, SLOTS_MAX, SLOTS_MIN, PresenceView
+from adp_wire.presence import PROBES_MAX, SLOTS_MAX, SLOTS_MIN, PresenceView, table_bytes
+from adp_wire.sealed import sealed_memfd
 from tests.support.presence import keys_at_home
 
 
@@ -124,13 +125,23 @@ def test_a_table_that_is_not_what_the_welcome_promised_is_refused(table: Presenc
             PresenceView(fd, table.slots + 1)
     finally:
         os.close(fd)
-    stranger = os.memfd_create("not-a-table")
+    stranger = sealed_memfd("not-a-table", 64 + 8 * SLOTS_MIN)
     try:
-        os.ftruncate(stranger, 64 + 8 * SLOTS_MIN)
         with pytest.raises(ProtocolError, match="header"):
             PresenceView(stranger, SLOTS_MIN)
     finally:
         os.close(stranger)
+
+
+def test_a_table_its_maker_could_shrink_is_refused_before_it_is_mapped() -> None:
+    """Shrunk under the plugin's mapping, the next lookup would be a SIGBUS in LMCache."""
+    unsealed = os.memfd_create("adp-presence")
+    try:
+        os.ftruncate(unsealed, table_bytes(SLOTS_MIN))
+        with pytest.raises(ProtocolError, match="not sealed at its size"):
+            PresenceView(unsealed, SLOTS_MIN)
+    finally:
+        os.close(unsealed)
 
 
 def test_each_tenant_has_its_own_table() -> None:

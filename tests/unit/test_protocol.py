@@ -195,3 +195,32 @@ def test_a_welcome_whose_memory_cannot_be_used_is_a_protocol_error_without_leaks
     for fd in [memfd, *doorbells]:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+@pytest.mark.parametrize("broken", ["unsealed-memory", "pipe-doorbell"])
+def test_memory_the_gateway_could_shrink_or_a_doorbell_that_could_block_is_refused(
+    broken: str,
+) -> None:
+    """Either would stop LMCache's process: a SIGBUS at the next touch of memory shrunk under
+    the mapping, or an I/O thread hung answering a doorbell that blocks. Refused, nothing
+    leaked."""
+    from adp_wire.ring.layout import RingLayout, create_shared
+
+    layout = RingLayout(4, 65536, 1 << 20)
+    if broken == "unsealed-memory":
+        memfd = os.memfd_create("adp-session")
+        os.ftruncate(memfd, layout.total_bytes)
+        doorbells = [os.eventfd(0), os.eventfd(0)]
+        match = "not sealed at its size"
+    else:
+        memfd, _ = create_shared(layout)
+        read_end, write_end = os.pipe()
+        doorbells = [os.eventfd(0), read_end]
+        os.close(write_end)
+        match = "completion doorbell is pipe"
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(ProtocolError, match=match):
+        GatewayLink(a, Welcome(1, 4, 65536, 1 << 20, 1 << 20), [memfd, *doorbells])
+    for fd in [memfd, *doorbells]:
+        with pytest.raises(OSError):
+            os.fstat(fd)
