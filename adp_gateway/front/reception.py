@@ -14,6 +14,7 @@ under a flood).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -41,6 +42,8 @@ from adp_wire.protocol import (
 from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
+ACCEPT_RETRY_S = 0.1  # after accept() failed for want of fds or memory
+ACCEPT_WARN_EVERY_S = 10.0
 
 # Makes the session of an admitted client, or raises HandshakeRefused (the gateway is full).
 OpenSession = Callable[[socket.socket, Hello, str, L1Segment | None, ClientProcess | None], Session]
@@ -64,17 +67,32 @@ class Reception:
     def run(self, listener: socket.socket) -> None:
         """Accept until the listener is shut down; each connection is served on a thread of
         its own, which runs its session once the handshake is done."""
+        quiet_until = 0.0  # no warning of a failed accept before then
         while True:
             try:
                 conn, _ = listener.accept()
-            except OSError:
-                return  # the listener is closed: the gateway is stopping
+            except OSError as exc:
+                if exc.errno in (errno.EINVAL, errno.EBADF):
+                    return  # the listener is shut down: the gateway is stopping
+                # Out of fds or memory for a moment (EMFILE, ENFILE, ENOBUFS): the clients
+                # wait in the backlog, and accepting goes on once there is room.
+                if time.monotonic() >= quiet_until:
+                    log.warning("accepting a client failed (%s); trying again", exc)
+                    quiet_until = time.monotonic() + ACCEPT_WARN_EVERY_S
+                time.sleep(ACCEPT_RETRY_S)
+                continue
             peer = unix_socket.peer_of(conn)
             busy = self._slots.take(peer)
             if busy is not None:
                 self._refuse(conn, peer, busy, "busy")
                 continue
-            NamedThread(target=self._serve, args=(conn, peer), name="session", daemon=True).start()
+            try:
+                NamedThread(
+                    target=self._serve, args=(conn, peer), name="session", daemon=True
+                ).start()
+            except RuntimeError as exc:  # no thread to be had
+                self._slots.give_back(peer)
+                self._refuse(conn, peer, f"the gateway cannot serve it now ({exc})", "busy")
 
     def _serve(self, conn: socket.socket, peer: Peer) -> None:
         """Handshake (holding a handshake slot), then run the session (holding none)."""
@@ -104,6 +122,8 @@ class Reception:
             except BaseException:
                 if remote is not None:
                     remote.close()
+                if l1 is not None:
+                    l1.close()
                 raise
             try:
                 welcome, fds = session.welcome()

@@ -111,8 +111,11 @@ def _prepare_dir(directory: str, group: str | None) -> None:
     write: whoever can write it could put a socket of their own in the gateway's place."""
     parent = os.path.dirname(directory)
     config_module.make_dir(parent, 0o755, "the socket's parent directory", "--socket")
-    with contextlib.suppress(FileExistsError):
+    try:
         os.mkdir(directory, 0o750)
+        made = True
+    except FileExistsError:
+        made = False
     info = os.lstat(directory)
     fix = "remove it, or give the gateway another `--socket`"
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
@@ -128,9 +131,24 @@ def _prepare_dir(directory: str, group: str | None) -> None:
             f"{stat.S_IMODE(info.st_mode):o}), who could replace the socket: `chmod go-w` it, "
             "or give the gateway another `--socket`"
         )
-    if group is not None:  # its members must reach the socket through the directory
-        os.chown(directory, -1, _group_id(group))
-        os.chmod(directory, stat.S_IMODE(info.st_mode) | 0o050)
+    if group is None:
+        return
+    gid = _group_id(group)  # its members must reach the socket through the directory
+    if made:
+        try:
+            os.chown(directory, -1, gid)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot give the socket's directory {directory} to group {group!r}: "
+                f"{exc.strerror}; fix `socket_group` (a group the gateway's user is in)"
+            ) from exc
+        os.chmod(directory, 0o750)
+    elif info.st_gid != gid or info.st_mode & 0o050 != 0o050:
+        raise StartupError(
+            f"the socket's directory {directory} exists, but group {group!r} cannot reach the "
+            f"socket through it (group {info.st_gid}, mode {stat.S_IMODE(info.st_mode):o}): "
+            f"`chgrp {group}` and `chmod g+rx` it, or remove it and the gateway makes it"
+        )
 
 
 def listen(path: str, group: str | None) -> socket.socket:

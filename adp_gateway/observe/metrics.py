@@ -66,6 +66,8 @@ from adp_wire.protocol import Op, Status
 from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
+SCRAPES_MAX = 8  # connections to the metrics port served at once
+SCRAPE_TIMEOUT_S = 5.0  # a connection that sends nothing for this long is closed
 OP_NAMES = {Op.EXISTS: "lookup", Op.GET: "load", Op.SET: "store", Op.DELETE: "delete"}
 OUTCOMES = {
     Status.FAILED: "failed",
@@ -365,9 +367,40 @@ class MetricsServer:
 
 
 class _Server(ThreadingMixIn, WSGIServer):
+    """A thread a connection, at most SCRAPES_MAX at once (one past them is closed at once):
+    a port any local user can reach holds no more threads than that, each for no longer than
+    the handler's timeout."""
+
     daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._scrapes = threading.BoundedSemaphore(SCRAPES_MAX)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._scrapes.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._scrapes.release()
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._scrapes.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away: not worth a traceback on stderr."""
+        log.debug("metrics: the connection from %s failed", client_address, exc_info=True)
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = SCRAPE_TIMEOUT_S  # of the connection's socket: a client that sends nothing
+
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -102,9 +102,21 @@ class Session:
         self._store = store
         self._scheduler = scheduler
         self._on_close = on_close
-        self._memfd, mapping = create_shared(layout)
-        self._presence = presence
-        self._presence_fd, self._presence_slots = presence.share(tenant) if presence else (-1, 0)
+        # What the session makes for its client, given back if making the rest fails (out of
+        # fds: a refused client must not leave them behind).
+        with contextlib.ExitStack() as made:
+            self._memfd, mapping = create_shared(layout)
+            made.callback(os.close, self._memfd)
+            self._presence = presence
+            self._presence_fd, self._presence_slots = (-1, 0)
+            if presence is not None:
+                self._presence_fd, self._presence_slots = presence.share(tenant)
+                made.callback(presence.release, tenant)
+                made.callback(os.close, self._presence_fd)
+            self._submit_doorbell = doorbell.new()
+            made.callback(os.close, self._submit_doorbell)
+            self._complete_doorbell = doorbell.new()
+            made.pop_all()
         self._memory = memoryview(mapping)
         self._window = layout.window(self._memory)
         self._lookups = np.frombuffer(self._memory, np.uint64, 2, LOOKUPS)  # the client's counts
@@ -112,8 +124,6 @@ class Session:
         self._l1 = l1
         self._remote = remote
         self._l1_readers = L1Readers()
-        self._submit_doorbell = doorbell.new()
-        self._complete_doorbell = doorbell.new()
         self._submissions = submission_consumer(self._memory, layout)
         self._completions = completion_producer(self._memory, layout)
         self._backlog: deque[Completion] = deque()  # completions waiting for room in the CQ
@@ -277,6 +287,18 @@ class Session:
             except ProtocolError as exc:
                 log.error("%s: %s; dropping the session", self.name, exc)
                 self.stop()  # run() wakes up and closes the session
+                return
+            if len(self._backlog) > self._layout.slots:
+                # A client frees a slot only once it has read the slot's completion, so it
+                # never leaves more unread than it has slots; one that posts to slots whose
+                # completions it leaves unread would grow this without end.
+                log.error(
+                    "%s: the client leaves more completions unread than it has slots (%d); "
+                    "dropping the session",
+                    self.name,
+                    self._layout.slots,
+                )
+                self.stop()
                 return
             self._ringing += 1
         try:

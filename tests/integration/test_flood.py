@@ -2,8 +2,9 @@
 (closed at once, silent, stopping half-way through a hello, or finishing the handshake and then
 never reading) leaves the gateway's threads, file descriptors and memory within fixed bounds set
 by ``max_sessions`` and the handshakes it runs at once; connections past the bounds are refused
-with a line saying why; a client that was connected before keeps being served throughout, and a
-new one is served once the flood has gone.
+with a line saying why, and leave nothing behind, not even the fd of an L1 segment they sent; a
+client that was connected before keeps being served throughout, and a new one is served once
+the flood has gone, or once the gateway, out of fds for a while, has some again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ pytestmark = pytest.mark.integration
 MAX_SESSIONS = 8
 CONFIG = f"max_sessions: {MAX_SESSIONS}\nhandshake_timeout_s: 1.0\nsession_window_size: 8MiB\n"
 NOBODY = 65534  # uid of `nobody` and gid of `nogroup` on Debian
+
+
+def group_socket(workdir: Path) -> Path:
+    """A socket in a directory the gateway makes, so that it gives it to ``socket_group``."""
+    return workdir / "sockets" / "gw.sock"
+
+
 KINDS = ("closed at once", "silent", "half a hello", "never reads")
 WAVES, PER_WAVE = 4, 250  # 1,000 connections
 
@@ -203,7 +211,9 @@ def test_a_stranger_holding_handshakes_takes_only_its_own_slots(
     (workdir / "gateway.yaml").write_text(
         "socket_group: nogroup\nhandshake_timeout_s: 60\nsession_window_size: 8MiB\n"
     )
-    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    gateway = make_gateway(
+        "256MiB", "--config", str(workdir / "gateway.yaml"), socket_path=group_socket(workdir)
+    ).start()
     release_read, release_write = os.pipe()
     report_read, report_write = os.pipe()
     pid = os.fork()
@@ -255,7 +265,9 @@ def test_a_client_connecting_while_the_accept_queue_is_full_waits_instead_of_fai
     gave up and failed its ops. It now retries until its handshake deadline."""
     workdir.chmod(0o755)  # let `nobody` reach the socket's directory
     (workdir / "gateway.yaml").write_text("socket_group: nogroup\nsession_window_size: 8MiB\n")
-    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    gateway = make_gateway(
+        "256MiB", "--config", str(workdir / "gateway.yaml"), socket_path=group_socket(workdir)
+    ).start()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     release_read, release_write = os.pipe()
@@ -297,3 +309,57 @@ def test_a_client_connecting_while_the_accept_queue_is_full_waits_instead_of_fai
         os.close(release_write)
         os.close(report_read)
         os.waitpid(pid, 0)
+
+
+def test_clients_refused_past_max_sessions_leave_no_fd_of_their_l1_behind(
+    workdir: Path, make_gateway: Callable[..., Gateway]
+) -> None:
+    (workdir / "gateway.yaml").write_text("max_sessions: 1\nsession_window_size: 8MiB\n")
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    assert gateway.proc is not None
+    first = connect(gateway.socket_path, "never reads")
+    wait_until(lambda: sessions(gateway) >= 1, 30, "the one session")
+    baseline = usage(gateway.proc.pid)[1]
+    segment = os.memfd_create("an-l1-segment")
+    os.ftruncate(segment, 2**20)
+    try:
+        for _ in range(20):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(gateway.socket_path))
+                send_frame(sock, hello_body(Hello("t", l1_bytes=2**20)), [segment])
+                assert b"max_sessions" in sock.recv(4096)
+    finally:
+        os.close(segment)
+        if first is not None:
+            first.close()
+    wait_until(
+        lambda: usage(gateway.proc.pid)[1] <= baseline,  # type: ignore[union-attr]
+        10,
+        f"the refused clients' fds to be closed (baseline {baseline})",
+    )
+
+
+def test_accepting_goes_on_once_the_gateway_that_ran_out_of_fds_has_some_again(
+    workdir: Path, make_gateway: Callable[..., Gateway]
+) -> None:
+    (workdir / "gateway.yaml").write_text(CONFIG)
+    gateway = make_gateway("256MiB", "--config", str(workdir / "gateway.yaml")).start()
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    try:
+        limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (usage(pid)[1] + 1, limits[1]))
+    except (OSError, ValueError) as exc:
+        pytest.skip(f"cannot lower the gateway's fd limit here: {exc}")
+    silent = [connect(gateway.socket_path, "silent") for _ in range(3)]  # the 2nd finds none
+    time.sleep(0.3)  # well inside the handshake timeout that would free the 1st one's fd
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+    for sock in silent:
+        if sock is not None:
+            sock.close()
+    client = ADPConnector(**gateway.adapter_params())
+    try:
+        connected(client)
+    finally:
+        client.close()
+    assert "accepting a client failed ([Errno 24]" in gateway.log()  # it did run out

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_gateway.observe.metrics import Metrics, MetricsServer
+from adp_gateway.observe.metrics import SCRAPES_MAX, Metrics, MetricsServer
 from tests.support import (
     BIN,
     Gateway,
@@ -174,3 +176,26 @@ def test_a_bad_metrics_address_is_named(
         "--capacity", "256MiB", "--metrics-address", "localhost",
     )  # fmt: skip
     assert done.returncode == 2 and "metrics_address: 'localhost' is not HOST:PORT" in done.stderr
+
+
+def threads_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(dict(line.split(":", 1) for line in status)["Threads"])
+
+
+def test_idle_connections_to_the_metrics_port_hold_few_threads_and_scrapes_go_on(
+    observed: Gateway,
+) -> None:
+    """Any local user can reach the port: 100 connections that send nothing hold at most
+    SCRAPES_MAX threads, and once they are gone a scrape is answered."""
+    assert observed.proc is not None
+    host, port = metrics_url(observed).split("/")[2].split(":")
+    before = threads_of(observed.proc.pid)
+    idle = [socket.create_connection((host, int(port))) for _ in range(100)]
+    try:
+        time.sleep(0.5)
+        assert threads_of(observed.proc.pid) <= before + SCRAPES_MAX
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_until(lambda: "adp_gateway" in scrape(metrics_url(observed)), 30, "a scrape")

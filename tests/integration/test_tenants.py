@@ -216,7 +216,9 @@ def test_the_socket_is_group_only_and_the_kernels_uid_and_gid_decide(
 ) -> None:
     workdir.chmod(0o755)  # let `nobody` reach the socket's directory
     config = write_config(workdir, "socket_group: nogroup\n")
-    gateway = make_gateway("64MiB", "--config", str(config)).start()
+    sockets = workdir / "sockets"  # made by the gateway, for the group
+    gateway = make_gateway("64MiB", "--config", str(config), socket_path=sockets / "gw.sock")
+    gateway.start()
     mode = os.stat(gateway.socket_path)
     assert stat.S_IMODE(mode.st_mode) == 0o660 and mode.st_gid == NOBODY
     assert stat.S_IMODE(os.stat(gateway.data_dir).st_mode) == 0o700

@@ -106,7 +106,9 @@ def storm(
         "socket_group: nogroup\nhandshake_timeout_s: 2.0\n"
         "tenants:\n  - {name: default, uids: [0]}\n"
     )
-    gateway = make_gateway("1GiB", "--config", str(config)).start()
+    sockets = workdir / "sockets"  # made by the gateway, for the group
+    gateway = make_gateway("1GiB", "--config", str(config), socket_path=sockets / "gw.sock")
+    gateway.start()
     server = make_server(gateway.l2_adapter_json()).start()
     store_then_load_from_l2(server, seed=100)  # warm: every process has its session
     idle_threads, idle_fds = usage(gateway)

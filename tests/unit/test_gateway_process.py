@@ -406,3 +406,20 @@ def test_a_client_killed_mid_transfer_frees_its_session(gateway: Gateway) -> Non
         assert wait_for_future(connector, connector.submit_batch_set(["next"], views(data)))[1]
     finally:
         connector.close()
+
+
+def test_a_socket_directory_that_exists_is_never_regrouped_for_socket_group(
+    workdir: Path,
+) -> None:
+    """It may be someone's: one the group cannot reach is refused, untouched."""
+    directory = workdir / "sockets"
+    directory.mkdir(mode=0o700)
+    config = workdir / "gateway.yaml"
+    config.write_text("socket_group: nogroup\n")
+    result = run_gateway(
+        "--data-dir", str(workdir / "d"), "--socket", str(directory / "gw.sock"),
+        "--capacity", "256MiB", "--config", str(config),
+    )  # fmt: skip
+    assert "exists, but group 'nogroup' cannot reach the socket" in one_line_error(result)
+    info = directory.stat()
+    assert (info.st_mode & 0o777, info.st_gid) == (0o700, os.getegid())

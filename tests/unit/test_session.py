@@ -210,3 +210,28 @@ def test_a_task_that_fails_after_completing_some_loads_reports_each_load_once(
     run_task(scheduler, task)  # what every I/O thread does with a task
     got = [(c.op_id, Status(c.status)) for c in completions.pop_all()]
     assert sorted(got) == [(100, Status.EXPIRED), (101, Status.FAILED)]
+
+
+def test_a_client_that_leaves_more_completions_unread_than_it_has_slots_is_dropped() -> None:
+    """It frees no slot before reading its completion, so more unread than slots means it
+    reuses slots whose completions it never reads: the backlog would grow without end."""
+    store = open_store([MemoryDevice(4096 + 4 * REGION)])
+    ours, theirs = socket.socketpair()
+    session = Session(
+        1, ours, "t", "test", LAYOUT, store, Scheduler(10**9), lambda s: None, Metrics()
+    )
+    _, fds = session.welcome()
+    memory = memoryview(map_shared(os.dup(fds[0]), LAYOUT))
+    try:
+        for _ in range(2):  # a full queue, then as many again: all still owed to the client
+            for slot in range(LAYOUT.slots):
+                submit(session, memory, Op.EXISTS, slot, ["k"])
+        theirs.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            theirs.recv(1)  # still connected
+        submit(session, memory, Op.EXISTS, 0, ["k"])
+        theirs.settimeout(5)
+        assert theirs.recv(1) == b""  # dropped
+    finally:
+        session.close()
+        theirs.close()
