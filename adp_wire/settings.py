@@ -89,7 +89,8 @@ def build(model: type[M], values: Any, where: str, root: str = "") -> M:
     except ValidationError as exc:
         # A mistyped key often explains the other errors (a value missing, say): it goes first.
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-        raise ConfigError(f"{where}: {explain(model, errors[0], root)}") from exc
+        message = _union_refused(model, errors, root) or explain(model, errors[0], root)
+        raise ConfigError(f"{where}: {message}") from exc
 
 
 def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
@@ -121,6 +122,26 @@ def explain(model: type[BaseModel], error: ErrorDetails, root: str = "") -> str:
         expected = _list_of(_model_at(model, loc[:-1]).model_fields[loc[-1]].annotation)
     got = "null" if value is None else f"{_kind_of(value)} {value!r}"
     return f"{name}: expected {expected}, got {got}{_unquote(kind, value)}"
+
+
+def _union_refused(model: type[BaseModel], errors: list[ErrorDetails], root: str) -> str | None:
+    """Where the first error is one member of a union field refusing the value (pydantic
+    tries each: ``write_budget: str | int | None`` gives errors at ``write_budget.str`` and
+    ``write_budget.int``), one line at the field naming what any member takes; else None."""
+    loc = errors[0]["loc"]
+    if len(loc) < 2 or not isinstance(loc[-2], str):
+        return None
+    try:
+        annotation = _model_at(model, loc[:-2]).model_fields[loc[-2]].annotation
+    except (KeyError, StopIteration):
+        return None
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    tried = [e for e in errors if e["loc"][:-1] == loc[:-1]]
+    expected = " or ".join(dict.fromkeys(_EXPECTED.get(e["type"], e["msg"]) for e in tried))
+    value = errors[0].get("input")
+    got = "null" if value is None else f"{_kind_of(value)} {value!r}"
+    return f"{_path(root, loc[:-1])}: expected {expected}, got {got}"
 
 
 def _retired(model: type[BaseModel], loc: tuple[int | str, ...]) -> dict[str, str]:

@@ -159,7 +159,7 @@ def listen(path: str, group: str | None) -> socket.socket:
     except OSError as exc:
         listener.close()
         raise StartupError(
-            f"cannot bind {path}: {exc.strerror}; choose another `--socket`"
+            f"cannot bind {path}: {exc.strerror or exc}; choose another `--socket`"
         ) from exc
     os.chmod(path, 0o660)
     if group is not None:

@@ -112,17 +112,28 @@ def _wait_l2_settled(http: str, timeout_s: float) -> None:
     """Until the server has no L2 store waiting or in flight."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{http}/status", timeout=5) as response:
-            controller = json.load(response)["storage_manager"]["store_controller"]
-        if int(controller["pending_keys_count"]) + int(controller["in_flight_task_count"]) == 0:
+        try:
+            with urllib.request.urlopen(f"{http}/status", timeout=5) as response:
+                controller = json.load(response)["storage_manager"]["store_controller"]
+            waiting = int(controller["pending_keys_count"]) + int(
+                controller["in_flight_task_count"]
+            )
+        except (OSError, KeyError, TypeError, ValueError) as exc:  # URLError is an OSError
+            raise StartupError(
+                f"cannot read the server's L2 state at {http}/status ({exc}): check --http"
+            ) from exc
+        if waiting == 0:
             return
         time.sleep(0.1)
     raise StartupError(f"the server's L2 stores did not finish in {timeout_s:.0f} s")
 
 
 def _post(url: str) -> None:
-    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):
-        pass
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):
+            pass
+    except OSError as exc:  # URLError, HTTPError, a timeout
+        raise StartupError(f"cannot POST {url} ({exc}): check --http") from exc
 
 
 def _default_http(rpc_url: str) -> str:

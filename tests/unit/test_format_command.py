@@ -97,3 +97,34 @@ def test_format_of_new_databases_needs_no_force(
     (data / "db0.adp").write_bytes(bytes(PAGE_BYTES + 2 * 64 * 2**20))
     assert main(["format", "--data-dir", str(data)]) == 0
     assert "formatted, 2 regions of 64.0 MiB, empty" in capsys.readouterr().out
+
+
+def test_format_without_force_leaves_a_file_with_others_labels_where_it_writes(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Zeros at page 0 and every region's start, but a label at 64 KiB (a btrfs's) and its
+    copy at 64 MiB, a region's last page, which a format zeroes: someone's, as serve says."""
+    data = workdir / "data"
+    data.mkdir()
+    database = data / "db0.adp"
+    with open(database, "wb") as f:
+        f.truncate(PAGE_BYTES + 2 * 64 * 2**20)
+        for offset in (64 * 2**10, 64 * 2**20):
+            f.seek(offset)
+            f.write(b"_BHRfS_M")
+    before = digest(database)
+    assert main(["format", "--data-dir", str(data)]) == 1
+    assert "bytes where a format writes" in capsys.readouterr().out
+    assert digest(database) == before
+
+
+@pytest.mark.parametrize("command", ["format", "check"])
+def test_a_database_file_too_small_to_be_one_is_one_clear_error(
+    workdir: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """What a first start killed between creating the file and growing it leaves."""
+    data = workdir / "data"
+    data.mkdir()
+    (data / "db0.adp").write_bytes(bytes(100))
+    assert main([command, "--data-dir", str(data)]) == 2
+    assert "holds 100 bytes, too few for a database" in capsys.readouterr().err

@@ -116,3 +116,29 @@ def test_a_socket_that_cannot_be_bound_takes_back_the_databases(workdir: Path) -
     )
     assert result.returncode == 2 and "cannot bind" in result.stderr, result.stderr
     assert not (workdir / "data").exists() and not (workdir / "sockets").exists()
+
+
+def test_a_symbolic_link_in_place_of_a_database_is_refused_and_its_target_untouched(
+    workdir: Path,
+) -> None:
+    """It leads to a file that is not the gateway's: never grown, never shrunk back."""
+    data = workdir / "data"
+    data.mkdir()
+    target = workdir / "someones.bin"
+    target.write_bytes(b"x" * 10_000)
+    (data / "db0.adp").symlink_to(target)
+    result = run_gateway(
+        "--data-dir", str(data), "--socket", str(workdir / "s.sock"), "--capacity", "256MiB"
+    )
+    assert result.returncode == 2 and "db0.adp is a symbolic link" in result.stderr
+    assert target.read_bytes() == b"x" * 10_000
+
+
+def test_a_directory_in_place_of_a_database_is_one_clear_error(workdir: Path) -> None:
+    data = workdir / "data"
+    (data / "db0.adp").mkdir(parents=True)
+    result = run_gateway(
+        "--data-dir", str(data), "--socket", str(workdir / "s.sock"), "--capacity", "256MiB"
+    )
+    assert result.returncode == 2 and "cannot open the database" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -172,6 +172,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("tenants: [{name: a, uids: [1], quota: 2 gigs}]\n", r"tenants\[0\]\.quota: cannot read"),
         ("tenants: [{name: a, uid: 1}]\n", r"tenants\[0\]: unknown key 'uid'; did you mean 'uids'"),
         ("devices: [1]\n", r"devices\[0\]: expected a string, got integer 1"),
+        ("write_budget: []\n", r"write_budget: expected a string or an integer, got list \[\]$"),
         ("- a\n- b\n", "mapping"),
         ("capacity: [1\n", "not valid YAML"),
     ],

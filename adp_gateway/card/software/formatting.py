@@ -17,7 +17,7 @@ from adp_gateway.card.software.devices.filedevice import FileDevice, open_existi
 from adp_gateway.card.software.devices.reader import aligned
 from adp_gateway.card.software.format import unpack_superblock
 from adp_gateway.card.software.settings import SoftwareCardConfig
-from adp_gateway.card.software.superblocks import format_device, regions_in_use
+from adp_gateway.card.software.superblocks import blank, format_device, regions_in_use
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.units import format_size
 
@@ -67,4 +67,6 @@ def _held(device: FileDevice, region_bytes: int) -> str:
         return f"{in_use} region(s) in use"
     if any(page) and found is None:
         return "a first page that is no superblock of this release"
+    if found is None and not blank(device, region_bytes):
+        return "bytes where a format writes (another program's labels or data?)"
     return ""

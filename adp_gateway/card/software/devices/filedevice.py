@@ -16,6 +16,7 @@ import stat
 import struct
 
 from adp_gateway.errors import StartupError
+from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.trace import Stage, mark
 from adp_wire.units import format_size
 
@@ -29,11 +30,17 @@ class FileDevice:
 
     def __init__(self, path: str, size_bytes: int, grow: bool = True) -> None:
         self.path = path
-        if grow and not (os.path.exists(path) and stat.S_ISBLK(os.stat(path).st_mode)):
-            _preallocate(path, size_bytes)
-        elif not os.path.exists(path):
-            raise StartupError(f"device {path} does not exist: check `devices`")
-        self._fd, self.direct = _open(path)
+        try:
+            if grow and not (os.path.exists(path) and stat.S_ISBLK(os.stat(path).st_mode)):
+                _preallocate(path, size_bytes)
+            elif not os.path.exists(path):
+                raise StartupError(f"device {path} does not exist: check `devices`")
+            self._fd, self.direct = _open(path)
+        except OSError as exc:  # a directory in its place, say
+            raise StartupError(
+                f"cannot open the database {path}: {exc.strerror or exc}; it must be a regular "
+                "file the gateway made, or a block device: check `data_dirs` and `devices`"
+            ) from exc
         self._size_bytes = size_bytes
         try:  # one gateway (or `adp-gateway check`) per database; released when the fd closes
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -105,6 +112,11 @@ def open_existing(path: str) -> FileDevice:
             os.close(fd)
     else:
         size = os.path.getsize(path)
+    if size < PAGE_BYTES:  # a first start cut short between creating the file and growing it
+        raise StartupError(
+            f"{path} holds {size} bytes, too few for a database: not one of the gateway's, or "
+            "one whose first start was cut short (then remove it: `serve` makes it again)"
+        )
     return FileDevice(path, size, grow=False)
 
 
@@ -141,9 +153,20 @@ def _preallocate(path: str, size_bytes: int) -> None:
     """Create or grow the database file to ``size_bytes``, reserving the blocks now. When that
     fails, the file is removed (if this call made it) or shrunk back to its old size: a
     half-reserved file would keep the space and fail the next start too."""
-    created = not os.path.exists(path)
+    created = not os.path.lexists(path)
     # O_EXCL: a file that appeared meanwhile is someone else's, never removed below.
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if created else 0), 0o600)
+    # O_NOFOLLOW: a symbolic link in the data dir leads to a file that is not the gateway's,
+    # which it must not grow (nor shrink back on failure: its undo follows no link either).
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | (os.O_CREAT | os.O_EXCL if created else 0), 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise StartupError(
+            f"{path} is a symbolic link: a database in a data dir is a file the gateway makes "
+            "there; remove the link, or list a block device under `devices`"
+        ) from exc
     old_bytes = os.fstat(fd).st_size
     try:
         if old_bytes < size_bytes:
