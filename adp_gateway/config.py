@@ -168,7 +168,15 @@ def _check(config: GatewayConfig) -> GatewayConfig:
 
 def resolve_capacity(config: GatewayConfig) -> GatewayConfig:
     """Fill in ``capacity`` from free space when unset, and check the data dirs can hold it.
-    Free space is counted once per filesystem: two data dirs on one drive share its space."""
+    Free space is counted once per filesystem: two data dirs on one drive share its space. The
+    memory card holds its values in RAM: its capacity is the config's, and no disk's concern."""
+    if config.card == "memory":
+        if config.capacity is None:
+            raise ConfigError(
+                "capacity: the memory card holds its values in RAM, so it takes no default from "
+                "the disk's free space: set `capacity` to what the host's memory can spare"
+            )
+        return config
     for directory in config.data_dirs:
         _prepare_dir(directory)
     filesystems = _filesystems(config)

@@ -95,6 +95,8 @@ class MemoryCard(Card):
             value_sum = checksum(data) if value.checksum is None else value.checksum
             held.append(((namespace, value.name), _Held(data, value_sum, value.database)))
         with self._lock:
+            # All or nothing: values that together exceed the pool would evict one another.
+            self._make_room(pool, sum(align_up(len(h.data)) for _, h in held), evict=False)
             try:
                 for value_id, value_held in held:
                     self._remove(value_id)
@@ -173,17 +175,17 @@ class MemoryCard(Card):
             return self._quotas[pool]
         return self._capacity_bytes - sum(self._quotas.values())
 
-    def _make_room(self, pool: str, stored_bytes: int) -> None:
+    def _make_room(self, pool: str, stored_bytes: int, evict: bool = True) -> None:
         """Under the lock: evict the pool's least recently used values until ``stored_bytes``
-        fit in it."""
+        fit in it (``evict`` False: only check that they can)."""
         limit = self._pool_limit(pool)
         if stored_bytes > limit:
             raise StorageError(
-                f"a value of {stored_bytes} bytes does not fit the card's "
+                f"{stored_bytes} bytes do not fit the card's "
                 f"{'pool of ' + repr(pool) if pool else 'shared space'} ({limit} bytes): "
                 "raise `capacity` or the quota"
             )
-        while self._pool_used.get(pool, 0) + stored_bytes > limit:
+        while evict and self._pool_used.get(pool, 0) + stored_bytes > limit:
             victim = next(vid for vid in self._values if self._pool(vid[0]) == pool)
             self._remove(victim)
             self._reclaims += 1

@@ -138,6 +138,8 @@ def _prepare_dir(directory: str, group: str | None) -> None:
         try:
             os.chown(directory, -1, gid)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # made for nothing: the next start makes it again
             raise StartupError(
                 f"cannot give the socket's directory {directory} to group {group!r}: "
                 f"{exc.strerror}; fix `socket_group` (a group the gateway's user is in)"

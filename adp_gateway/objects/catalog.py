@@ -37,7 +37,9 @@ class ObjectCatalog:
         self._tenants: dict[str, dict[str, Entry]] = {}
         self._count = 0
         self._numbers = itertools.count(1)
-        self._stale: dict[str, list[str]] = defaultdict(list)  # whole, superseded: to delete
+        self._stale: dict[str, list[str]] = defaultdict(
+            list
+        )  # superseded, or never whole: to delete
 
     def __len__(self) -> int:
         return self._count
@@ -112,7 +114,7 @@ class ObjectCatalog:
         """Written for speed: the name of an object's only fragment (the common case) is split
         and its suffix kept as it is; any other name is parsed, and its object kept once whole."""
         objects: dict[str, Entry] = {}
-        split: dict[tuple[str, Version], int] = defaultdict(int)  # fragments found of each
+        split: dict[tuple[str, Version], list[str]] = defaultdict(list)  # fragments found
         top = foreign = 0
         only_fragment = ONLY_FRAGMENT.fullmatch
         for name in names:
@@ -126,11 +128,13 @@ class ObjectCatalog:
             if fragment is None:
                 foreign += 1
             else:
-                split[(fragment.key, fragment.version)] += 1
+                split[(fragment.key, fragment.version)].append(name)
                 top = max(top, fragment.version.number)
         for (key, version), fragments_found in split.items():
-            if fragments_found == version.fragments:  # else a put that did not finish, or a
-                self._offer(namespace, objects, key, version)  # version partly evicted
+            if len(fragments_found) == version.fragments:
+                self._offer(namespace, objects, key, version)
+            else:  # a put that failed on another database, or a version partly evicted
+                self._stale[namespace].extend(fragments_found)
         if foreign:
             log.warning(
                 "tenant %r: %d values on the card are no fragment of an object (an older layout);"

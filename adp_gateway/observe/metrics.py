@@ -48,8 +48,10 @@ listens, 503 before and while stopping.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -66,8 +68,9 @@ from adp_wire.protocol import Op, Status
 from adp_wire.threads import NamedThread
 
 log = logging.getLogger(__name__)
-SCRAPES_MAX = 8  # connections to the metrics port served at once
-SCRAPE_TIMEOUT_S = 5.0  # a connection that sends nothing for this long is closed
+SCRAPES_MAX = 32  # connections to the metrics port served at once
+SCRAPE_TIMEOUT_S = 5.0  # a connection is closed this long after it came
+SCRAPE_SLOT_WAIT_S = 1.0  # a connection past SCRAPES_MAX waits this long for one to end
 OP_NAMES = {Op.EXISTS: "lookup", Op.GET: "load", Op.SET: "store", Op.DELETE: "delete"}
 OUTCOMES = {
     Status.FAILED: "failed",
@@ -367,24 +370,30 @@ class MetricsServer:
 
 
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread a connection, at most SCRAPES_MAX at once (one past them is closed at once):
-    a port any local user can reach holds no more threads than that, each for no longer than
-    the handler's timeout."""
+    """A thread a connection, at most SCRAPES_MAX at once, and each connection closed
+    SCRAPE_TIMEOUT_S after it came, however it trickles: a port any local user (or pod) can
+    reach holds few threads, and a probe or a scrape waits SCRAPE_SLOT_WAIT_S at most for one
+    of them to free."""
 
     daemon_threads = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._scrapes = threading.BoundedSemaphore(SCRAPES_MAX)
+        self._lock = threading.Lock()
+        self._deadlines: dict[Any, float] = {}  # open connection -> when it is cut
+        NamedThread(target=self._cut_late, name="metrics-deadlines", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._scrapes.acquire(blocking=False):
+        if not self._scrapes.acquire(timeout=SCRAPE_SLOT_WAIT_S):
             self.shutdown_request(request)
             return
+        with self._lock:
+            self._deadlines[request] = time.monotonic() + SCRAPE_TIMEOUT_S
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._scrapes.release()
+            self._done(request)
             self.shutdown_request(request)
             raise
 
@@ -392,7 +401,23 @@ class _Server(ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._scrapes.release()
+            self._done(request)
+
+    def _done(self, request: Any) -> None:
+        with self._lock:
+            self._deadlines.pop(request, None)
+        self._scrapes.release()
+
+    def _cut_late(self) -> None:
+        """Shut the connections past their deadline (their threads then end)."""
+        while True:
+            time.sleep(SCRAPE_TIMEOUT_S / 5)
+            now = time.monotonic()
+            with self._lock:
+                late = [r for r, deadline in self._deadlines.items() if deadline < now]
+            for request in late:
+                with contextlib.suppress(OSError):
+                    request.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or went away: not worth a traceback on stderr."""
@@ -400,7 +425,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = SCRAPE_TIMEOUT_S  # of the connection's socket: a client that sends nothing
+    timeout = SCRAPE_TIMEOUT_S  # of each read: a client that sends nothing
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -22,7 +22,7 @@ from adp_gateway.card.loader import card_class, open_card
 from adp_gateway.card.memory import MemoryCard
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.config import GatewayConfig, TenantConfig
-from adp_gateway.errors import ConfigError
+from adp_gateway.errors import ConfigError, StorageError
 from adp_wire.checksum import checksum
 from tests.support.storage import (
     CARD_CAPACITY,
@@ -198,6 +198,18 @@ def test_a_full_card_evicts_within_its_capacity_and_says_what_it_let_go(reopen: 
     assert not all(present) and all(present[-4:])  # old values went, the newest stayed
     assert heard.held["n"] == {name for name, held in zip(names, present, strict=True) if held}
     assert get(card, names[-1], VALUE - 4096) == payload((len(names) - 1) % 7, VALUE - 4096)
+
+
+def test_a_put_bigger_than_its_pools_space_fails_whole_and_holds_none_of_it(
+    reopen: Opener,
+) -> None:
+    """Its values would evict one another: the card refuses the put, nothing of it held."""
+    card, heard = reopen()
+    count = 2 * 2 * DATABASES * REGION // VALUE + DATABASES  # twice the quota of 'q', and more
+    names = [f"v{i}" for i in range(count)]
+    with pytest.raises(StorageError):
+        card.put("q", [value(n, payload(i, VALUE), i % DATABASES) for i, n in enumerate(names)])
+    assert card.exists("q", names) == [False] * count and not heard.held["q"]
 
 
 def test_a_namespace_with_a_quota_evicts_only_its_own_values(reopen: Opener) -> None:

@@ -11,11 +11,13 @@ import pytest
 
 from adp_gateway.card.base import Value
 from adp_gateway.card.memory import MemoryCard
+from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.errors import StorageError
 from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.names import FragmentId, Version, fragment_name, parse
 from adp_gateway.objects.store import ObjectStore
-from tests.support.storage import REGION, extent, open_card, open_store, payload
+from tests.support.storage import FRAGMENT, REGION, extent, open_card, open_store, payload
 
 VALUE = 64 * 2**10
 
@@ -80,7 +82,8 @@ def test_a_recovery_keeps_the_newest_whole_version_and_gives_up_the_rest() -> No
     assert catalog.get("t", "k") == new and catalog.get("t", "other") is not None
     assert catalog.get("t", "odd") is None  # read at its first use, and dropped
     assert len(catalog) == 2 and heard.held["t"] == {"k", "other"}
-    assert catalog.take_stale() == {"t": old.names("k")}  # whole, superseded: to be deleted
+    # Superseded, or never whole: to be deleted.
+    assert catalog.take_stale() == {"t": [*old.names("k"), fragment_name("k", partial, 0)]}
     assert catalog.next_number() == 10  # above every version found, whole or not
 
 
@@ -125,3 +128,21 @@ def test_of_two_puts_of_one_key_at_once_the_newer_version_stays_and_the_other_go
     assert card.statistics().values == 1  # version 1's fragment left the card
     out = extent(bytes(100))
     assert store.get("t", "k", out, 100) and bytes(out[:100]) == payload(2, 100)
+
+
+def test_the_fragments_a_failed_put_left_on_another_database_go_at_recovery() -> None:
+    """A two-fragment put whose write to one database fails: the other's fragment is on its
+    disk, part of no object. A restart deletes it, so the card holds nothing of the put."""
+    memory = [MemoryDevice(4096 + 8 * REGION) for _ in range(2)]
+    devices = [FaultyDevice(m) for m in memory]
+    store = open_store(list(devices))
+    size = 2 * FRAGMENT
+    failing = store.fragment_plan("t", "k", size)[1].database
+    devices[failing].fail("write", count=100)
+    with pytest.raises(StorageError):
+        store.put("t", "k", extent(payload(1, size)), size)
+    devices[failing].clear()
+    store.close()
+    store = open_store(list(memory))
+    assert store.card.statistics().values == 0
+    store.close()

@@ -211,3 +211,13 @@ def test_default_capacity_is_derived_from_free_space(tmp_path: Path) -> None:
     )
     assert config.capacity is not None
     assert 0 < config.capacity <= gateway_config.AUTO_CAPACITY_BYTES_MAX
+
+
+def test_the_memory_card_takes_its_capacity_from_the_config_never_from_the_disk(
+    tmp_path: Path,
+) -> None:
+    unset = gateway_config.load(None, {"card": "memory", "data_dirs": [str(tmp_path)]})
+    with pytest.raises(ConfigError, match="capacity: the memory card holds its values in RAM"):
+        gateway_config.resolve_capacity(unset)
+    huge = unset.model_copy(update={"capacity": 2**50})  # far past the disk, none of its concern
+    assert gateway_config.resolve_capacity(huge).capacity == 2**50
