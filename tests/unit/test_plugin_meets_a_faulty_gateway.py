@@ -36,8 +36,17 @@ def peer(tmp_path: Path) -> Iterator[Callable[..., ScriptedGateway]]:
 
 def connector(gateway: ScriptedGateway, **params: object) -> ADPConnector:
     plugin = ADPConnector(**{"socket_path": str(gateway.path), "op_timeout_s": 3.0, **params})
-    wait_until(lambda: gateway.sessions, 10, "the plugin to say hello")
+    wait_until(lambda: bool(gateway.sessions), 10, "the plugin to say hello")
     return plugin
+
+
+def stored_through(gateway: ScriptedGateway) -> object:
+    """Whether a store of two keys through ``gateway`` was reported done."""
+    plugin = connector(gateway, remote_copy=False)
+    try:
+        return wait_for_future(plugin, plugin.submit_batch_set(["k1", "k2"], STORE), 10)[1]
+    finally:
+        plugin.close()
 
 
 def test_ops_completed_just_before_the_gateway_hung_up_are_done(
@@ -49,12 +58,7 @@ def test_ops_completed_just_before_the_gateway_hung_up_are_done(
         session.conn.close()  # a stop, right after the work was done
         session.ring()
 
-    plugin = connector(peer(script), remote_copy=False)
-    try:
-        stored = wait_for_future(plugin, plugin.submit_batch_set(["k1", "k2"], STORE), 10)
-        assert stored[1] is True, stored
-    finally:
-        plugin.close()
+    assert stored_through(peer(script)) is True
 
 
 def test_a_completion_of_no_op_in_flight_costs_the_link_not_the_valid_ones(
@@ -65,12 +69,7 @@ def test_a_completion_of_no_op_in_flight_costs_the_link_not_the_valid_ones(
         stray = done(submissions[0])._replace(op_id=999_999)
         session.complete([*map(done, submissions), stray])
 
-    plugin = connector(peer(script), remote_copy=False)
-    try:
-        stored = wait_for_future(plugin, plugin.submit_batch_set(["k1", "k2"], STORE), 10)
-        assert stored[1] is True, stored
-    finally:
-        plugin.close()
+    assert stored_through(peer(script)) is True
 
 
 def test_bytes_after_the_welcome_drop_the_link_and_the_plugin_connects_again(
@@ -106,7 +105,7 @@ def test_close_reports_a_store_in_flight_when_the_sockets_fd_is_past_select(
         gateway = peer(script, remote_copy=True)
         plugin = connector(gateway, op_timeout_s=1.0)
         future = plugin.submit_batch_set(["k"], STORE[:1])
-        wait_until(lambda: posted, 10, "the store to be posted")
+        wait_until(lambda: bool(posted), 10, "the store to be posted")
         plugin.close()
         assert [item[:2] for item in plugin.drain_completions()] == [(future, False)]
     finally:
