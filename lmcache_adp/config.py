@@ -77,10 +77,11 @@ class ADPParams(Settings):
         description="every op completes (as a failure or miss) within this; at most 120, "
         "well under LMCache's 300 s L1 lock TTL",
     )
-    lookup_timeout_s: float = Field(
+    lookup_timeout_s: Annotated[float, checked(_op_timeout_problem)] = Field(
         default=1.0,
         ge=0.001,
-        description="every lookup (EXISTS) completes within this; the gateway answers lookups "
+        description="every lookup (EXISTS) completes within this (at most 120, as "
+        "op_timeout_s); the gateway answers lookups "
         "from memory in microseconds, so one that takes longer finds it hung, and its keys are "
         "misses rather than a stalled vLLM request",
     )

@@ -45,13 +45,19 @@ class Load:
 def groups(loads: list[Load]) -> Iterator[list[Load]]:
     """Consecutive loads, in order, in groups of at most ``GROUP_LOADS_MAX`` loads and
     ``GROUP_BYTES_MAX`` bytes (a larger load alone); a small doorbell's groups hold at most a
-    ``SPREAD_GROUPS``-th of its bytes, but never less than ``SPREAD_BYTES_MIN``."""
+    ``SPREAD_GROUPS``-th of its bytes, but never less than ``SPREAD_BYTES_MIN``. Loads of one
+    group share a deadline (one batch's do): the group's task runs by it, and a load with
+    time left must not expire with another's."""
     spread = -(-sum(load.object_bytes for load in loads) // SPREAD_GROUPS)
     bytes_max = min(GROUP_BYTES_MAX, max(spread, SPREAD_BYTES_MIN))
     group: list[Load] = []
     group_bytes = 0
     for load in loads:
-        if group and (len(group) == GROUP_LOADS_MAX or group_bytes + load.object_bytes > bytes_max):
+        if group and (
+            len(group) == GROUP_LOADS_MAX
+            or group_bytes + load.object_bytes > bytes_max
+            or load.submission.deadline_ns != group[0].submission.deadline_ns
+        ):
             yield group
             group, group_bytes = [], 0
         group.append(load)

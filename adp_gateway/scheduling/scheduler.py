@@ -83,6 +83,10 @@ class Scheduler:
         self._store_running_bytes = 0
         self._loads_running = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
+        # Per database (None: a task that names none, as if on every one): loads queued or
+        # running, and stores writing. A load yields writes only on the databases it reads.
+        self._loads_on: Counter[int | None] = Counter()
+        self._writing_on: Counter[int | None] = Counter()
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
         self._stores_since: dict[int, int] = {}  # id of a store queued or running -> its submit
@@ -105,6 +109,8 @@ class Scheduler:
                 self._stores_since[id(task)] = time.monotonic_ns()
             self._queues[task.priority].setdefault(task.session_id, deque()).append(task)
             self._queued += 1
+            if task.priority == Priority.LOAD:
+                self._loads_on.update(_places(task))
             self._ready.notify()
         if task.priority == Priority.LOAD and self._on_load is not None:
             self._on_load()  # after the load is queued, and outside the lock
@@ -142,8 +148,7 @@ class Scheduler:
             return
         with self._ready:
             self._depth.wrote(task.writing_bytes, task.writing_since_ns, time.monotonic_ns())
-            self._store_running_bytes -= task.writing_bytes
-            task.writing_bytes = 0
+            self._stop_writing(task)
             self._wake()
 
     def finished(self, task: Task) -> None:
@@ -151,9 +156,10 @@ class Scheduler:
         with self._ready:
             self._stores_since.pop(id(task), None)
             self._running.subtract(task.databases)
-            self._loads_running -= task.priority == Priority.LOAD
-            self._store_running_bytes -= task.writing_bytes
-            task.writing_bytes = 0
+            if task.priority == Priority.LOAD:
+                self._loads_running -= 1
+                self._loads_on.subtract(_places(task))
+            self._stop_writing(task)
             if getattr(self._current, "task", None) is task:
                 self._current.task = None
             self._wake()
@@ -165,6 +171,7 @@ class Scheduler:
             for queues in self._queues:
                 dropped.extend(queues.pop(session_id, ()))
             self._release(dropped)
+            self._wake()  # a store that waited on a dropped load may start now
             return dropped
 
     def drop_expired(self) -> list[Task]:
@@ -185,6 +192,7 @@ class Scheduler:
                     else:
                         del queues[session_id]
             self._release(dropped)
+            self._wake()
             return dropped
 
     def close(self) -> list[Task]:
@@ -223,6 +231,7 @@ class Scheduler:
                     task.writing_bytes = task.data_bytes
                     task.writing_since_ns = now
                     self._store_running_bytes += task.data_bytes
+                    self._writing_on.update(_places(task))
                 return task
         return None
 
@@ -230,12 +239,26 @@ class Scheduler:
         if now > task.deadline_ns:
             return True
         if task.priority == Priority.STORE and self._store_running_bytes:
-            if self._loading():
-                return False  # writes yield to reads: one store writing at most
+            if self._yields_to_a_load(task):
+                return False  # writes yield to reads: one store writing at most, per database
             if self._store_running_bytes + task.data_bytes > self._depth.limit():
                 return False
         limit = self._per_database_max
         return limit is None or all(self._running[d] < limit for d in task.databases)
+
+    def _yields_to_a_load(self, store: Task) -> bool:
+        """Under the lock: whether a load runs or waits, and a store writes, on a database
+        ``store`` writes to. Only there: a database stalled with a load and a store on it holds
+        up no store to another."""
+        places = [*_places(store), None]
+        return any(self._loads_on[d] for d in places) and any(self._writing_on[d] for d in places)
+
+    def _stop_writing(self, task: Task) -> None:
+        """Under the lock: ``task``'s writes landed, or it ended."""
+        if task.writing_bytes:
+            self._store_running_bytes -= task.writing_bytes
+            task.writing_bytes = 0
+            self._writing_on.subtract(_places(task))
 
     def _loading(self) -> bool:
         """Under the lock: whether a load runs or waits."""
@@ -247,6 +270,8 @@ class Scheduler:
         if done:
             for task in tasks:
                 self._stores_since.pop(id(task), None)
+                if task.priority == Priority.LOAD:
+                    self._loads_on.subtract(_places(task))
         self._queued -= len(tasks)
         self._store_backlog_bytes -= sum(
             t.data_bytes for t in tasks if t.priority == Priority.STORE
@@ -257,3 +282,8 @@ class Scheduler:
         caller, if an I/O thread, takes one itself when it next asks)."""
         if self._queued:
             self._ready.notify(self._queued)
+
+
+def _places(task: Task) -> list[int | None]:
+    """The databases ``task`` touches; [None] (every one) when it names none."""
+    return list(task.databases) or [None]

@@ -1,9 +1,12 @@
 """Goal: a doorbell's loads go to the I/O threads in groups that keep their order, hold at most
 GROUP_LOADS_MAX loads and GROUP_BYTES_MAX bytes, and leave a large load alone (so several I/O
 threads read large objects in parallel); a small doorbell still spreads over SPREAD_GROUPS groups
-of at least SPREAD_BYTES_MIN."""
+of at least SPREAD_BYTES_MIN; and the loads of a group share a deadline, so none expires with
+another batch's."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from adp_gateway.scheduling.loads import (
     GROUP_BYTES_MAX,
@@ -53,3 +56,17 @@ def test_a_small_doorbell_spreads_over_several_groups_but_none_below_its_least_b
     small = SPREAD_BYTES_MIN // 4  # four of them fill one group's least bytes: one group
     assert sizes_of(loads(*[small] * 4)) == [[small] * 4]
     assert sizes_of(loads(*[small] * 5)) == [[small] * 4, [small]]
+
+
+def test_loads_of_batches_with_other_deadlines_never_share_a_group() -> None:
+    """One doorbell may carry two batches (one that waited for room, one fresh): a group runs
+    by its earliest deadline, so the fresh batch's loads would expire with the old one's."""
+    mixed = [
+        dataclasses.replace(load, submission=load.submission._replace(deadline_ns=deadline))
+        for load, deadline in zip(loads(*[4096] * 6), [5, 5, 9, 9, 9, 5], strict=True)
+    ]
+    assert [[load.submission.deadline_ns for load in group] for group in groups(mixed)] == [
+        [5, 5],
+        [9, 9, 9],
+        [5],
+    ]

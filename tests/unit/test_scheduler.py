@@ -1,7 +1,8 @@
 """Goal: loads run before stores before deletes, sessions take turns, the store backlog is
 bounded by refusing new stores at once, and a stalled database holds at most its share of the
 I/O threads while tasks for other databases go ahead, and running stores hold a bounded number
-of bytes, one store's at most while a load runs or waits."""
+of bytes, one store's at most while a load runs or waits on their database (a database stalled
+with a load and a store on it holds up no store to another)."""
 
 from __future__ import annotations
 
@@ -281,3 +282,23 @@ def test_stores_write_as_deep_as_the_depth_allows() -> None:
     assert scheduler.next(0) is third  # 70 MiB would write with the second: over 64 MiB
     assert scheduler.next(0) is None
     assert scheduler.statistics().write_depth_bytes == FLOOR_BYTES
+
+
+def test_a_load_holds_writes_back_only_on_the_databases_it_reads() -> None:
+    """Database 0 stalls with a store writing and a load reading: a store to database 1 still
+    starts, and a second store to database 0 waits."""
+    scheduler = Scheduler(10**9, per_database_max=6, store_inflight_max=2**30)
+    deadline_ns = time.monotonic_ns() + 60 * 10**9
+
+    def store(database: int) -> Task:
+        return Task(Priority.STORE, 1, deadline_ns, 10, lambda: None, print, frozenset({database}))
+
+    stuck_store, stuck_load = store(0), on({0})
+    for t in (stuck_store, stuck_load):
+        assert scheduler.submit(t)
+    assert drain(scheduler) == [stuck_load, stuck_store]
+    elsewhere, behind = store(1), store(0)
+    assert scheduler.submit(behind) and scheduler.submit(elsewhere)
+    assert drain(scheduler) == [elsewhere]
+    scheduler.finished(stuck_load)
+    assert drain(scheduler) == [behind]  # no load on database 0: back to the write depth
