@@ -12,8 +12,9 @@ rate stores were last seen to write, 64 MiB at least (write_depth.py), or ``stor
 bytes where the config fixes it (one store always may run). A load that arrives then finds free
 I/O threads and, at the device, queues behind that much writing at most, instead of behind every
 store the I/O threads could hold. While a load
-runs or waits, writes yield further: a store starts only when no other store is writing, so the
-disk serves the load beside one store's writes at most. A store
+runs or waits, writes to its databases yield further: a store to them starts only when no other
+store is writing there, so the disk serves the load beside one store's writes at most (and a
+database stalled with a load and a store on it holds up no store to another). A store
 whose writes have landed (``writes_landed``, called from inside its task) stops counting while
 it waits for its group commit, so the next store's writes go to the disk meanwhile.
 
