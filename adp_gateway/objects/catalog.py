@@ -37,9 +37,8 @@ class ObjectCatalog:
         self._tenants: dict[str, dict[str, Entry]] = {}
         self._count = 0
         self._numbers = itertools.count(1)
-        self._stale: dict[str, list[str]] = defaultdict(
-            list
-        )  # superseded, or never whole: to delete
+        # Names to delete: versions superseded, or never whole (a put failed, or partly evicted).
+        self._stale: dict[str, list[str]] = defaultdict(list)
 
     def __len__(self) -> int:
         return self._count

@@ -82,7 +82,6 @@ class Scheduler:
         self._per_database_max = per_database_max
         self._depth = WriteDepth(store_inflight_max)
         self._store_running_bytes = 0
-        self._loads_running = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
         # Per database (None: a task that names none, as if on every one): loads queued or
         # running, and stores writing. A load yields writes only on the databases it reads.
@@ -158,7 +157,6 @@ class Scheduler:
             self._stores_since.pop(id(task), None)
             self._running.subtract(task.databases)
             if task.priority == Priority.LOAD:
-                self._loads_running -= 1
                 self._loads_on.subtract(_places(task))
             self._stop_writing(task)
             if getattr(self._current, "task", None) is task:
@@ -227,7 +225,6 @@ class Scheduler:
                     queues[session_id] = queue  # to the back: the next session takes its turn
                 self._release([task], done=False)
                 self._running.update(task.databases)
-                self._loads_running += task.priority == Priority.LOAD
                 if task.priority == Priority.STORE:
                     task.writing_bytes = task.data_bytes
                     task.writing_since_ns = now
@@ -263,7 +260,7 @@ class Scheduler:
 
     def _loading(self) -> bool:
         """Under the lock: whether a load runs or waits."""
-        return bool(self._loads_running or self._queues[Priority.LOAD])
+        return any(count > 0 for count in self._loads_on.values())
 
     def _release(self, tasks: list[Task], done: bool = True) -> None:
         """Under the lock: ``tasks`` left the queues, done with (dropped) or, not ``done``,

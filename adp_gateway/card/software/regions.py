@@ -153,27 +153,30 @@ class Database:
         after recovery."""
         held = self.count_regions()
         if region.epoch:
-            held[region.pool] -= 1
-            self._used_bytes -= region.used_bytes
-            self.order(region.pool).remove(region)
+            self._leave_pool(region)
         else:
             self.free_regions -= 1
         held[pool] += 1
-        self.emptied.pop(region.index, None)
         region.reset(epoch, now, pool)
         self.order(pool).add(region)
 
     def release(self, region: Region) -> None:
         """Under the log's lock: ``region``'s filling is given up (its first write failed):
         the region is free again, and the counts and orders follow."""
-        held = self.count_regions()
-        held[region.pool] -= 1
-        self._used_bytes -= region.used_bytes
-        self.order(region.pool).remove(region)
-        self.emptied.pop(region.index, None)
+        self.count_regions()
+        self._leave_pool(region)
         self.free_regions += 1
         self.free_order = None  # sorted again at the next take, with this one among them
         region.reset(0, 0, SHARED_POOL)
+
+    def _leave_pool(self, region: Region) -> None:
+        """Under the log's lock, once counted: ``region``'s filling ends, and its pool's
+        counts, bytes, order and emptied regions let go of it."""
+        assert self.held is not None
+        self.held[region.pool] -= 1
+        self._used_bytes -= region.used_bytes
+        self.order(region.pool).remove(region)
+        self.emptied.pop(region.index, None)
 
     def reserve(self, region: Region, nbytes: int) -> None:
         """Under the log's lock: ``nbytes`` more of ``region``, filled, are used from its end."""
