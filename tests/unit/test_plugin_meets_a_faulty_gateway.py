@@ -66,6 +66,8 @@ def test_a_completion_of_no_op_in_flight_costs_the_link_not_the_valid_ones(
 ) -> None:
     def script(session: PeerSession) -> None:
         submissions = session.next_submissions(10)
+        if not submissions:  # the session the plugin opens again after the link is dropped
+            return
         stray = done(submissions[0])._replace(op_id=999_999)
         session.complete([*map(done, submissions), stray])
 
