@@ -80,6 +80,21 @@ class Trace:
         end = int(self.starts[requests])
         return Trace(self.times_s[:requests], self.starts[: requests + 1], self.blocks[:end])
 
+    def spread(self) -> Trace:
+        """The same requests, those that share a timestamp spread evenly over the time to the next
+        one (the last ones over the median step). Mooncake's timestamps come in steps of about
+        3 s: sent at once, a step's requests would be a burst the service never saw, and the
+        gateway's admission, which dithers by the time (admission.py), would decide them as
+        one."""
+        if self.requests < 2:
+            return self
+        distinct, first, counts = np.unique(self.times_s, return_index=True, return_counts=True)
+        steps = np.diff(distinct)
+        step = np.append(steps, np.median(steps) if len(steps) else 0.0)
+        place = np.arange(self.requests) - np.repeat(first, counts)
+        times_s = self.times_s + np.repeat(step / counts, counts) * place
+        return Trace(times_s, self.starts, self.blocks)
+
     def scaled(self, time_factor: float) -> Trace:
         """The same requests ``time_factor`` times faster (a factor of 4: an hour in 15 min)."""
         assert time_factor > 0

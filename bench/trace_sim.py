@@ -337,7 +337,9 @@ def replay_gateway(
     prefix_aware: bool = False,
     frequency_aware: bool = False,
 ) -> tuple[int, int]:
-    """The gateway's admission and eviction over a region log: hits and writes."""
+    """The gateway's admission and eviction over a region log: hits and writes. Requests that
+    share a timestamp come evenly spread over its step (``Trace.spread``)."""
+    trace = trace.spread()
     cache = RegionCache(capacity, blocks_per_region, ranking, frequency_aware)
     admission = Admission(settings, float(trace.times_s[0]) if trace.requests else 0.0)
     prints = _fingerprints(trace)

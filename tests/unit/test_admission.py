@@ -10,9 +10,10 @@ long enough, and past that keeps what is likelier to be read again, at the budge
 - Admission: off writes everything; on, without budget or pressure, writes everything; a budget
   a quarter of the demand holds the written bytes within 10 % of it and admits keys seen before
   first; under pressure (a card that, written every store, would evict objects before most keys
-  come back) first sightings are declined and keys seen before admitted, while a card that is
-  not evicting takes everything; a store of a held key is only a sighting, and one replacing a
-  held object of another length is always written.
+  come back) first sightings are declined and keys seen before admitted, and under heavy
+  pressure keys seen once before too, while a card that is not evicting takes everything; a
+  store of a held key is only a sighting, and one replacing a held object of another length is
+  always written.
 """
 
 from __future__ import annotations
@@ -175,13 +176,36 @@ def pressured(capacity_bytes: int) -> tuple[Admission, list[int]]:
 
 
 def test_under_pressure_first_sightings_are_declined_and_keys_seen_before_admitted() -> None:
-    """A card of 10 KB at 3 KB/s would keep an object about 3 s: far less than keys take to
-    come back."""
-    admission, again = pressured(capacity_bytes=10_000)
+    """A card of 280 KB at about 1.8 KB/s would keep an object about 160 s: long enough for
+    KEEP_FEW of the keys to come back, far less than KEEP_NONE."""
+    admission, again = pressured(capacity_bytes=280_000)
     new = [admission.admit(key(50_000 + i), 1, 470.0, 20.0) for i in range(1000)]
     old = [admission.admit(fp, 1, 470.0, 20.0) for fp in again]
     assert not any(new) and all(old)
     assert admission.statistics(470.0).bar == 1.0
+
+
+def test_under_heavy_pressure_only_keys_seen_twice_before_are_admitted() -> None:
+    """A card of 10 KB would keep an object about 6 s, when no key comes back in less than
+    100 s: a key seen once before would be evicted unread too. (A bar between 1 and 2 admits
+    keys seen once before for part of each dither period: not at its start, 470.0.)"""
+    admission, again = pressured(capacity_bytes=10_000)
+    once = [admission.admit(fp, 1, 470.0, 20.0) for fp in again]
+    more = [admission.admit(key(i), 1, 470.0, 20.0) for i in range(500)]  # seen at 0 and 100+
+    assert not any(once) and all(more)
+    assert admission.statistics(470.0).bar == 2.0
+
+
+@pytest.mark.parametrize(
+    ("capacity_bytes", "low", "high"),
+    [(10**9, 0.0, 0.0), (280_000, 1.0, 1.1), (230_000, 1.4, 1.6), (10_000, 2.0, 2.0)],
+)
+def test_the_pressure_bar_rises_as_the_card_keeps_objects_for_fewer_returns(
+    capacity_bytes: int, low: float, high: float
+) -> None:
+    admission, _ = pressured(capacity_bytes)
+    admission.admit(key(99_999), 1, 470.0, 20.0)
+    assert low <= admission.statistics(470.0).bar <= high
 
 
 def test_when_objects_would_last_longer_than_keys_take_to_return_everything_is_written() -> None:

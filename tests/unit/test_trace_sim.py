@@ -4,8 +4,9 @@ hits every reference but each block's first; on conversations Belady hits no les
 (under the prefix rule it is not a bound on every trace); second sighting writes only blocks
 seen before, the oracle only blocks read again, the frequency bound only the blocks used most;
 a block past a request's first miss is not a hit even when held; the gateway's policies run over
-regions and report their writes; a trace is read as LMCache sees it (whole blocks only); and a
-trace file that is not in the Mooncake format is refused naming its line."""
+regions and report their writes; a trace is read as LMCache sees it (whole blocks only), and the
+requests of one timestamp can be spread over its step; and a trace file that is not in the
+Mooncake format is refused naming its line."""
 
 from __future__ import annotations
 
@@ -109,6 +110,18 @@ def test_a_trace_is_read_as_lmcache_sees_it_whole_blocks_only(tmp_path: Path) ->
     trace = read_trace(path)
     assert trace.requests == 3
     assert [trace.request(i) for i in range(3)] == [[0, 1], [0, 4], [0, 4, 5]]
+
+
+def test_requests_of_one_timestamp_spread_evenly_over_its_step(tmp_path: Path) -> None:
+    """Mooncake's timestamps come in steps of about 3 s; the last step spreads over the median
+    one."""
+    stamps = [0, 0, 0, 3000, 6000, 6000, 12000, 12000]
+    path = write_trace(
+        tmp_path / "t.jsonl", [{"timestamp": ms, "hash_ids": [i]} for i, ms in enumerate(stamps)]
+    )
+    spread = read_trace(path).spread()
+    assert spread.times_s.tolist() == pytest.approx([0, 1, 2, 3, 6, 9, 12, 13.5])
+    assert [spread.request(i) for i in range(8)] == [[i] for i in range(8)]
 
 
 def test_a_line_that_is_not_a_request_is_named(tmp_path: Path) -> None:
