@@ -119,7 +119,7 @@ class Gateway:
         self._periodic_sync: PeriodicSync | None = None
         if self.config.sync == "periodic":
             self._periodic_sync = PeriodicSync(
-                self.store.sync_all, self.config.sync_interval_ms / 1000
+                self.store.syncs(), self.config.sync_interval_ms / 1000
             )
 
     def _abandon_start(self) -> None:

@@ -31,6 +31,9 @@ call               promise
                    volatile card starts empty), reports it to ``holdings`` (``recovered``, per
                    namespace) and returns how many values it found.
 ``sync_all``       every write so far is durable (a no-op on a volatile card).
+``syncs``          syncs that together do what ``sync_all`` does, each on its own part of the card
+                   (the software card: one per database), so that the periodic clock runs each
+                   on a thread of its own and a device that does not answer holds only its own.
 ``close``          durable and closed; the card is not used again.
 ``database_states``  how each database is doing, for ``adp-gateway status`` and the metrics.
 ``check``          (a class method, with no card open) what the card keeps on its devices is
@@ -241,6 +244,11 @@ class Card(abc.ABC):
 
     @abc.abstractmethod
     def sync_all(self) -> None: ...
+
+    def syncs(self) -> list[Callable[[], None]]:
+        """Independent syncs that together make every write so far durable. This default:
+        ``sync_all`` alone."""
+        return [self.sync_all]
 
     def write_cost(self, namespace: str, name: str, value_bytes: int) -> int:
         """The bytes a put of this value writes to the card's devices, its share of what the

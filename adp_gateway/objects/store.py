@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from adp_gateway.card.base import Card, CardContext, Value, Wanted
@@ -267,6 +267,9 @@ class ObjectStore:
 
     def sync_all(self) -> None:
         self.card.sync_all()
+
+    def syncs(self) -> list[Callable[[], None]]:
+        return self.card.syncs()
 
     def close(self) -> None:
         self.card.close()

@@ -1,12 +1,15 @@
 """``sync: periodic``: a clock commits whatever was written every few milliseconds, so a
 power cut loses at most the last interval's stores (configs/gateway.yaml states each policy).
-It calls the card's ``sync_all``; it knows nothing of devices."""
+It runs the card's ``syncs`` (one per database on the software card), each on a thread of its
+own: a device whose fdatasync does not return holds back only its own. It knows nothing of
+devices."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 from adp_wire.threads import NamedThread
 
@@ -14,29 +17,34 @@ log = logging.getLogger(__name__)
 
 
 class PeriodicSync:
-    """Group commit on a clock: ``sync`` runs every ``interval_s`` in a thread of its own, so
-    stores are acknowledged without waiting and durable at most one interval later."""
+    """Group commit on a clock: each of ``syncs`` runs every ``interval_s`` in a thread of its
+    own, so stores are acknowledged without waiting and durable at most one interval later."""
 
-    def __init__(self, sync: Callable[[], None], interval_s: float) -> None:
-        self._sync = sync
+    def __init__(self, syncs: Sequence[Callable[[], None]], interval_s: float) -> None:
         self._interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = NamedThread(target=self._run, name="periodic-sync", daemon=True)
+        self._threads = [
+            NamedThread(target=self._run, args=(sync,), name=f"periodic-sync-{i}", daemon=True)
+            for i, sync in enumerate(syncs)
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Stop the clock; False when its thread is still in a sync after ``timeout_s`` (a
-        disk that does not answer: the caller goes on without it)."""
+        """Stop the clocks; False when a thread is still in a sync after ``timeout_s`` in all
+        (a disk that does not answer: the caller goes on without it)."""
         self._stop.set()
-        if self._thread.ident is not None:  # started
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in self._threads:
+            if thread.ident is not None:  # started
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
-    def _run(self) -> None:
+    def _run(self, sync: Callable[[], None]) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                self._sync()
+                sync()
             except Exception:  # a failed sync is retried at the next tick, never fatal
                 log.exception("periodic sync failed")

@@ -1,4 +1,6 @@
-"""Goal: group commit makes every caller's completed writes durable, sharing fdatasyncs."""
+"""Goal: group commit makes every caller's completed writes durable, sharing fdatasyncs; the
+periodic clock commits each of the card's syncs on its interval, and one whose device does not
+answer holds back only its own."""
 
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def test_a_failed_sync_raises_and_the_next_caller_retries() -> None:
 
 def test_periodic_sync_commits_on_its_clock_and_stops() -> None:
     ticks: list[float] = []
-    periodic = PeriodicSync(lambda: ticks.append(time.monotonic()), 0.02)
+    periodic = PeriodicSync([lambda: ticks.append(time.monotonic())], 0.02)
     started = time.monotonic()
     periodic.start()
     wait_until(lambda: len(ticks) >= 5, 10, "five commits")
@@ -87,7 +89,7 @@ def test_periodic_sync_commits_on_its_clock_and_stops() -> None:
     assert ticks[4] - ticks[0] >= 4 * 0.02 and ticks[0] - started >= 0.02
     count = len(ticks)
     periodic.stop()  # stopping twice is harmless; stopped means no more commits
-    assert len(ticks) == count and not periodic._thread.is_alive()
+    assert len(ticks) == count and periodic.stop(0)
 
 
 def test_a_failing_periodic_sync_keeps_its_clock() -> None:
@@ -97,7 +99,7 @@ def test_a_failing_periodic_sync_keeps_its_clock() -> None:
         calls.append(1)
         raise OSError(5, "EIO")
 
-    periodic = PeriodicSync(failing, 0.01)
+    periodic = PeriodicSync([failing], 0.01)
     periodic.start()
     wait_until(lambda: len(calls) >= 3, 10, "commits to go on after a failure")
     periodic.stop()
@@ -140,3 +142,20 @@ def test_a_caller_waiting_for_a_stuck_sync_gives_up_at_its_deadline(
     finally:
         device.release.set()
         first.join(10)
+
+
+def test_a_periodic_sync_that_does_not_return_holds_back_only_its_own_clock() -> None:
+    """The software card gives one sync per database: a database whose fdatasync hangs must not
+    leave the others' writes undurable. Stopping reports the stuck one."""
+    stuck, ticks = threading.Event(), []
+
+    def hangs() -> None:
+        stuck.set()
+        time.sleep(30)
+
+    periodic = PeriodicSync([hangs, lambda: ticks.append(1)], 0.01)
+    periodic.start()
+    assert stuck.wait(10)
+    seen = len(ticks)
+    wait_until(lambda: len(ticks) >= seen + 5, 10, "the other database's commits to go on")
+    assert not periodic.stop(0.2)

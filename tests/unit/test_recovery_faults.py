@@ -138,6 +138,21 @@ def test_a_failed_sync_of_one_database_does_not_keep_the_others_from_syncing() -
     assert second.syncs > synced
 
 
+def test_the_card_gives_one_sync_per_database_each_syncing_its_own() -> None:
+    """What the periodic clock runs on threads of their own (scheduling/periodic_sync.py)."""
+    first, second = MemoryDevice(SIZE), MemoryDevice(SIZE)
+    card = open_card([first, second], sync=False)
+    card.recover()
+    put(card, "on-first", 1)
+    put(card, "on-second", 2, database=1)
+    synced = first.syncs, second.syncs
+    first_sync, second_sync = card.syncs()
+    second_sync()
+    assert (first.syncs, second.syncs) == (synced[0], synced[1] + 1)
+    first_sync()
+    assert (first.syncs, second.syncs) == (synced[0] + 1, synced[1] + 1)
+
+
 def test_a_region_whose_only_record_was_torn_keeps_its_start_record(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

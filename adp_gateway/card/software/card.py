@@ -15,6 +15,7 @@ logged, and the value is dropped from the index (invariant 1).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -228,6 +229,10 @@ class SoftwareCard(Card):
     def sync_all(self) -> None:
         """Make every write so far durable on every database."""
         self._log.sync(set(range(self._log.databases)))
+
+    def syncs(self) -> list[Callable[[], None]]:
+        """One per database: a database whose fdatasync does not return holds only its own."""
+        return [functools.partial(self._log.sync, {db}) for db in range(self._log.databases)]
 
     def close(self) -> None:
         self._io.close()
