@@ -36,8 +36,8 @@ by an eviction. The gateway counts both kinds (``statistics``).
 
 On the project's production trace, pressure admission with the scan-resistant eviction of
 adp_gateway/card/software/victims.py hits more than LRU or second sighting alone where the
-capacity is short (1 to 5 % of the trace's distinct blocks: up to twice LRU's hits with a fifth of
-its writes), a little more than LRU at 10 and 25 %, and 0.1 % of the references less at 50 %
+capacity is short (1 to 5 % of the trace's distinct blocks: up to twice LRU's hits with a twelfth
+of its writes), a little more than LRU at 10 and 25 %, and 0.1 % of the references less at 50 %
 (bench/results/trace-sim-vm.md); ``bench/trace_sim.py`` runs this very class.
 
 Thread-safe: the session threads (stores) and the I/O threads (load hits) call it.
