@@ -17,7 +17,7 @@ from pydantic import Field
 from adp_gateway.errors import ConfigError, StartupError
 from adp_gateway.front.tenants import TenantConfig, check_tenants
 from adp_gateway.policy.budget import parse_write_budget
-from adp_wire.protocol import default_socket_path
+from adp_wire.protocol import ARENA_BYTES_MIN, default_socket_path
 from adp_wire.ring.layout import PAGE_BYTES
 from adp_wire.settings import ByteSize, OneOrMany, Settings, build
 from adp_wire.units import format_size
@@ -55,7 +55,7 @@ class GatewayConfig(Settings):
     sync: Literal["always", "periodic", "none"] = "periodic"
     sync_interval_ms: int = Field(default=100, ge=1)
     session_slots: int = Field(default=128, ge=1)
-    session_arena_size: ByteSize = Field(default=256 * 2**10, ge=64 * 2**10)
+    session_arena_size: ByteSize = Field(default=256 * 2**10, ge=ARENA_BYTES_MIN)
     session_window_size: ByteSize = Field(default=512 * 2**20, ge=PAGE_BYTES)
     # null: no bound of the gateway's own; each session's slots bound its queued stores
     store_backlog_max: ByteSize | None = None

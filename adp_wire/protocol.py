@@ -37,6 +37,9 @@ FRAME_BYTES_MAX = 64 * 1024
 KEY_BYTES_MAX = 1024
 TENANT_BYTES_MAX = 64
 KEYS_PER_REQUEST_MAX = 4096
+# Every slot's arena holds at least this: the client sends runs of keys that fit it
+# (lmcache_adp/lanes.py), and a welcome that promises less is refused.
+ARENA_BYTES_MIN = 64 * 1024
 _FRAME_HEADER = struct.Struct("<I")
 GIVEN_UP_BYTES = 8  # a store read from L1: its given-up word, in its arena after its keys
 SOURCE_BYTES = 8  # a remote-copy store: its buffer's address in the client, after that word

@@ -70,6 +70,7 @@ class ADPConnector:
         self._future_ids = itertools.count(1)
         self._probe = remote_copy.Probe() if self._params.remote_copy else None
         self._first_attempt = threading.Event()
+        self._closing = threading.Lock()
         self._shared.want_link.set()
         self._io = IOLoop(self._shared)
         self._threads = [
@@ -115,20 +116,21 @@ class ADPConnector:
         """Return once no thread of this plugin touches an L1 buffer any more, every future
         is reported, the plugin holds none of LMCache's buffers (LMCache may unmap its L1), and
         the gateway has let go of L1 (or one op timeout has passed: it only ever reads L1).
-        A second call does nothing."""
-        if self._shared.stopping.is_set():
-            return
-        self._shared.stopping.set()
-        self._shared.want_link.set()
-        self._shared.wake_io()
-        for thread in self._threads:
-            thread.join()
-        self._io.shutdown()
-        while self._shared.new_links:
-            self._shared.new_links.popleft().close()
-        os.close(self._shared.wake)
-        self._shared.completions.close()
-        self._shared.untaken.report_offline()
+        A second call does nothing but wait for the first."""
+        with self._closing:
+            if self._shared.stopping.is_set():
+                return
+            self._shared.stopping.set()
+            self._shared.want_link.set()
+            self._shared.wake_io()
+            for thread in self._threads:
+                thread.join()
+            self._io.shutdown()
+            while self._shared.new_links:
+                self._shared.new_links.popleft().close()
+            os.close(self._shared.wake)
+            self._shared.completions.close()
+            self._shared.untaken.report_offline()
 
     # Internals -----------------------------------------------------------------------------
 

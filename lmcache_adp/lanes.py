@@ -27,15 +27,22 @@ from typing import Any
 
 import numpy as np
 
-from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome, encode_keys
+from adp_wire.protocol import (
+    ARENA_BYTES_MIN,
+    KEY_BYTES_MAX,
+    KEYS_PER_REQUEST_MAX,
+    Op,
+    Welcome,
+    encode_keys,
+)
 from lmcache_adp.batch import Batch
 from lmcache_adp.config import ADPParams
 from lmcache_adp.link import Request
 from lmcache_adp.logs import log
 
 # Keys of an EXISTS or DELETE travel in runs of at most this many msgpack bytes, which every
-# gateway arena holds (session_arena_size is at least 64 KiB).
-RUN_BYTES_MAX = 64 * 2**10 - 16
+# gateway arena holds.
+RUN_BYTES_MAX = ARENA_BYTES_MIN - 16
 _KEY_OVERHEAD_BYTES = 5  # msgpack's str header
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from adp_wire.errors import ProtocolError
 from adp_wire.presence import PresenceView
 from adp_wire.protocol import (
+    ARENA_BYTES_MIN,
     GIVEN_UP_BYTES,
     Hello,
     Op,
@@ -80,8 +81,13 @@ class GatewayLink:
         self._sock = sock
         self.lookups: LocalLookups | None = None  # answers EXISTS without the gateway
         try:
-            self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
             try:
+                if welcome.arena_bytes < ARENA_BYTES_MIN:
+                    raise ProtocolError(
+                        f"the welcome's arenas of {welcome.arena_bytes} bytes are smaller than "
+                        f"the protocol's {ARENA_BYTES_MIN}"
+                    )
+                self.layout = RingLayout(welcome.slots, welcome.arena_bytes, welcome.window_bytes)
                 self._mapping = map_shared(memfd, self.layout)
             finally:
                 os.close(memfd)

@@ -2,13 +2,16 @@
 and keeps LMCache's process whole. Ops the gateway completed just before it hung up are done,
 not failed; a completion of no op in flight costs the link, not the valid completions beside
 it; bytes on the socket after the welcome drop the link (and the plugin connects again) rather
-than waking its I/O thread for ever; and close() reports a store in flight even when the
-socket's fd number is past what select() takes."""
+than waking its I/O thread for ever; close() reports a store in flight even when the
+socket's fd number is past what select() takes; and a close() called while another runs returns
+only once that one has reported everything."""
 
 from __future__ import annotations
 
 import os
 import resource
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -114,3 +117,28 @@ def test_close_reports_a_store_in_flight_when_the_sockets_fd_is_past_select(
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_second_close_returns_once_the_first_has_reported_everything(
+    peer: Callable[..., ScriptedGateway],
+) -> None:
+    """The first close waits up to one op timeout for a gateway that never lets go of L1; one
+    that returned at once would let LMCache unmap L1 under a plugin still closing, and each
+    would close the plugin's wake fd (the second time, whichever fd took its number)."""
+    posted: list[object] = []
+
+    def script(session: PeerSession) -> None:
+        for _ in range(100):
+            posted.extend(session.next_submissions(0.1))
+
+    gateway = peer(script, remote_copy=True)
+    plugin = connector(gateway, op_timeout_s=1.0)
+    future = plugin.submit_batch_set(["k"], STORE[:1])
+    wait_until(lambda: bool(posted), 10, "the store to be posted")
+    first = threading.Thread(target=plugin.close)
+    first.start()
+    time.sleep(0.2)
+    plugin.close()
+    assert [item[:2] for item in plugin.drain_completions()] == [(future, False)]
+    assert not [t for t in threading.enumerate() if t.name.startswith("adp-")]
+    first.join(10)

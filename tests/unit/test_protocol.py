@@ -187,11 +187,26 @@ def test_a_welcome_whose_memory_cannot_be_used_is_a_protocol_error_without_leaks
     """A window of 4,097 bytes maps, but its queues cannot be laid over it."""
     from adp_wire.ring.layout import RingLayout, create_shared
 
-    memfd, _ = create_shared(RingLayout(1, 4096, 4097))
+    memfd, _ = create_shared(RingLayout(1, 65536, 4097))
     doorbells = [os.eventfd(0), os.eventfd(0)]
     a, b = socket.socketpair()
     with a, b, pytest.raises(ProtocolError, match="shared memory does not map"):
-        GatewayLink(a, Welcome(1, 1, 4096, 4097, 4096), [memfd, *doorbells])
+        GatewayLink(a, Welcome(1, 1, 65536, 4097, 4096), [memfd, *doorbells])
+    for fd in [memfd, *doorbells]:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_a_welcome_whose_arenas_cannot_hold_a_run_of_keys_is_refused_without_leaks() -> None:
+    """The plugin sends runs of keys up to ARENA_BYTES_MIN; into a smaller arena its I/O thread
+    would fail at the first lookup."""
+    from adp_wire.ring.layout import RingLayout, create_shared
+
+    memfd, _ = create_shared(RingLayout(4, 4096, 1 << 20))
+    doorbells = [os.eventfd(0), os.eventfd(0)]
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(ProtocolError, match="arenas of 4096 bytes are smaller"):
+        GatewayLink(a, Welcome(1, 4, 4096, 1 << 20, 1 << 20), [memfd, *doorbells])
     for fd in [memfd, *doorbells]:
         with pytest.raises(OSError):
             os.fstat(fd)
