@@ -248,10 +248,8 @@ class Gateway:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         stuck = [thread.name for thread in self._threads if thread.is_alive()]
-        if self._periodic_sync is not None and not self._periodic_sync.stop(
-            max(0.0, deadline - time.monotonic())
-        ):
-            stuck.append("periodic-sync")
+        if self._periodic_sync is not None:
+            stuck += self._periodic_sync.stop(max(0.0, deadline - time.monotonic()))
         if stuck:
             log.error(
                 "%s still waiting on the disk after %g s: stopping without sealing the open "

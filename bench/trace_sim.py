@@ -413,11 +413,12 @@ def run_policy(
     # As the gateway sizes its admission (admission.settings_for): a record of eight keys per
     # object the card holds, and its capacity.
     on = AdmissionSettings(record_keys=8 * capacity, capacity_bytes=capacity * block_bytes)
+    second_sighting = dataclasses.replace(on, bar_floor=1.0, pressure_bar_max=1.0)
     gateway = {
         "region-lru": (Ranking.LRU, AdmissionSettings(enabled=False)),
         "ours": (Ranking.SCAN_RESISTANT, on),
         "ours-lru": (Ranking.LRU, on),
-        "gateway-ss": (Ranking.LRU, dataclasses.replace(on, bar_floor=1.0)),
+        "gateway-ss": (Ranking.LRU, second_sighting),
         "prefix-aware": (Ranking.SCAN_RESISTANT, on),
         "ours-lfu": (Ranking.SCAN_RESISTANT, on),
     }

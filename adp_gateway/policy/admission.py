@@ -83,7 +83,10 @@ class AdmissionSettings:
     write_budget_bytes_per_s: float | None = None  # None: no budget
     burst_s: float = SECONDS_PER_DAY  # the bucket holds this many seconds of the budget
     record_keys: int = 1 << 20  # the distinct keys the sighting record keeps
-    bar_floor: float = 0.0  # the lowest bar: 1 holds it at second sighting (for weighing it)
+    bar_floor: float = 0.0  # the lowest bar
+    # The highest bar the card's pressure sets; 1, with a bar_floor of 1: second sighting (for
+    # weighing it).
+    pressure_bar_max: float = 2.0
     capacity_bytes: int | None = None  # the card's; None: no pressure admission
 
 
@@ -157,7 +160,7 @@ class Admission:
             cost = nbytes if drive_bytes is None else drive_bytes
             self._demand.add(seen_before, cost, now_s)
             budget_bar = self._budget_bar(now_s)
-            pressure_bar = self._pressure_bar(eviction_age_s)
+            pressure_bar = min(self._pressure_bar(eviction_age_s), self.settings.pressure_bar_max)
             self._bar = max(self.settings.bar_floor, pressure_bar, budget_bar)
             rank = seen_before + 1 - _dither(now_s)
             if rank <= self._bar:

@@ -24,7 +24,7 @@ class PeriodicSync:
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._threads = [
-            NamedThread(target=self._run, args=(sync,), name=f"periodic-sync-{i}", daemon=True)
+            NamedThread(target=self._run, args=(sync,), name=f"sync-{i}", daemon=True)
             for i, sync in enumerate(syncs)
         ]
 
@@ -32,15 +32,15 @@ class PeriodicSync:
         for thread in self._threads:
             thread.start()
 
-    def stop(self, timeout_s: float | None = None) -> bool:
-        """Stop the clocks; False when a thread is still in a sync after ``timeout_s`` in all
-        (a disk that does not answer: the caller goes on without it)."""
+    def stop(self, timeout_s: float | None = None) -> list[str]:
+        """Stop the clocks; the names of the threads still in a sync after ``timeout_s`` in all
+        (``sync-D``: database D does not answer; the caller goes on without them)."""
         self._stop.set()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for thread in self._threads:
             if thread.ident is not None:  # started
                 thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(thread.is_alive() for thread in self._threads)
+        return [thread.name for thread in self._threads if thread.is_alive()]
 
     def _run(self, sync: Callable[[], None]) -> None:
         while not self._stop.wait(self._interval_s):

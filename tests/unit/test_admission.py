@@ -159,10 +159,14 @@ def test_a_budget_of_a_quarter_holds_writes_near_it_and_keeps_keys_seen_before()
     assert sum(decided[False]) / len(decided[False]) < 0.1  # first sightings: declined
 
 
-def pressured(capacity_bytes: int) -> tuple[Admission, list[int]]:
-    """An admission for a card of ``capacity_bytes`` that has seen keys come back after 100 to
-    300 s and stores arrive at about 3 KB/s; and keys it has seen once."""
-    admission = Admission(AdmissionSettings(record_keys=1 << 16, capacity_bytes=capacity_bytes), 0)
+def pressured(capacity_bytes: int, bar_max: float = 2.0) -> tuple[Admission, list[int]]:
+    """An admission for a card of ``capacity_bytes`` (its pressure bar at most ``bar_max``)
+    that has seen keys come back after 100 to 300 s and stores arrive at about 3 KB/s; and keys
+    it has seen once."""
+    settings = AdmissionSettings(
+        record_keys=1 << 16, capacity_bytes=capacity_bytes, pressure_bar_max=bar_max
+    )
+    admission = Admission(settings, 0)
     seen = [key(i) for i in range(2000)]
     for i, fp in enumerate(seen):
         admission.sighted(fp, 0.0)
@@ -206,6 +210,13 @@ def test_the_pressure_bar_rises_as_the_card_keeps_objects_for_fewer_returns(
     admission, _ = pressured(capacity_bytes)
     admission.admit(key(99_999), 1, 470.0, 20.0)
     assert low <= admission.statistics(470.0).bar <= high
+
+
+def test_the_pressure_bar_stops_at_its_max() -> None:
+    """How the sim holds the gateway's admission at second sighting (``gateway-ss``)."""
+    held, _ = pressured(10_000, bar_max=1.0)
+    held.admit(key(99_999), 1, 470.0, 20.0)
+    assert held.statistics(470.0).bar == 1.0
 
 
 def test_when_objects_would_last_longer_than_keys_take_to_return_everything_is_written() -> None:

@@ -89,7 +89,7 @@ def test_periodic_sync_commits_on_its_clock_and_stops() -> None:
     assert ticks[4] - ticks[0] >= 4 * 0.02 and ticks[0] - started >= 0.02
     count = len(ticks)
     periodic.stop()  # stopping twice is harmless; stopped means no more commits
-    assert len(ticks) == count and periodic.stop(0)
+    assert len(ticks) == count and periodic.stop(0) == []
 
 
 def test_a_failing_periodic_sync_keeps_its_clock() -> None:
@@ -147,15 +147,19 @@ def test_a_caller_waiting_for_a_stuck_sync_gives_up_at_its_deadline(
 def test_a_periodic_sync_that_does_not_return_holds_back_only_its_own_clock() -> None:
     """The software card gives one sync per database: a database whose fdatasync hangs must not
     leave the others' writes undurable. Stopping reports the stuck one."""
-    stuck, ticks = threading.Event(), []
+    stuck, release, ticks = threading.Event(), threading.Event(), []
 
     def hangs() -> None:
         stuck.set()
-        time.sleep(30)
+        release.wait(30)
 
     periodic = PeriodicSync([hangs, lambda: ticks.append(1)], 0.01)
     periodic.start()
-    assert stuck.wait(10)
-    seen = len(ticks)
-    wait_until(lambda: len(ticks) >= seen + 5, 10, "the other database's commits to go on")
-    assert not periodic.stop(0.2)
+    try:
+        assert stuck.wait(10)
+        seen = len(ticks)
+        wait_until(lambda: len(ticks) >= seen + 5, 10, "the other database's commits to go on")
+        assert periodic.stop(0.2) == ["sync-0"]
+    finally:
+        release.set()
+    assert periodic.stop(10) == []

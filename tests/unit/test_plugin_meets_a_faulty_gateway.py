@@ -137,8 +137,10 @@ def test_a_second_close_returns_once_the_first_has_reported_everything(
     wait_until(lambda: bool(posted), 10, "the store to be posted")
     first = threading.Thread(target=plugin.close)
     first.start()
-    time.sleep(0.2)
-    plugin.close()
-    assert [item[:2] for item in plugin.drain_completions()] == [(future, False)]
-    assert not [t for t in threading.enumerate() if t.name.startswith("adp-")]
-    first.join(10)
+    try:
+        time.sleep(0.2)
+        plugin.close()
+        assert [item[:2] for item in plugin.drain_completions()] == [(future, False)]
+        assert not [t for t in threading.enumerate() if t.name.startswith("adp-")]
+    finally:
+        first.join(10)

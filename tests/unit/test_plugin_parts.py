@@ -20,7 +20,7 @@ import weakref
 import msgpack
 import numpy as np
 
-from adp_wire.protocol import KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome
+from adp_wire.protocol import ARENA_BYTES_MIN, KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome
 from adp_wire.ring import doorbell
 from adp_wire.ring.layout import PAGE_BYTES, RingLayout, create_shared
 from adp_wire.ring.queue import submission_consumer
@@ -285,12 +285,12 @@ def test_a_lookup_reaches_the_gateway_between_the_stores_of_one_batch() -> None:
     """A step of the link's thread posts at most STORE_POSTS_PER_STEP stores, and takes new
     batches at the start of each, so an EXISTS submitted while a batch of stores is being posted
     goes on the ring before the rest of that batch, which follows in order."""
-    layout = RingLayout(32, PAGE_BYTES, 32 * PAGE_BYTES)
+    layout = RingLayout(32, ARENA_BYTES_MIN, 32 * PAGE_BYTES)
     memfd, mapping = create_shared(layout)
     a, b = socket.socketpair()  # the gateway's end stays open and silent: the link is alive
     link = GatewayLink(
         a,
-        Welcome(1, 32, PAGE_BYTES, 32 * PAGE_BYTES, PAGE_BYTES),
+        Welcome(1, 32, ARENA_BYTES_MIN, 32 * PAGE_BYTES, PAGE_BYTES),
         [memfd, doorbell.new(), doorbell.new()],
     )
     ring = submission_consumer(memoryview(mapping), layout)
