@@ -1,7 +1,9 @@
 """Goal: a fault costs what it touched, never more, and never returns stale bytes. A filling
 whose start record a power cut lost never has its epoch handed out again, so its leftover
-records cannot outlive a newer, synced value; a region the device fails to read at start-up
-costs its own records, not the gateway's start; a corrupt value whose tombstone cannot be
+records cannot outlive a newer, synced value; a page the device fails to read at start-up
+costs the records in it, not the rest of its region (whether it held the region's footer, its
+start record or a record's payload), and a region it cannot read at all its own records, not
+the gateway's start; a corrupt value whose tombstone cannot be
 written is a miss, and the other values of the same read load; a database whose sync fails
 does not keep the others' writes from being made durable; and a region whose only record was
 torn keeps its start record after a restart."""
@@ -18,6 +20,8 @@ from adp_gateway.card.base import Value, Wanted
 from adp_gateway.card.software.card import SoftwareCard
 from adp_gateway.card.software.devices.faulty import FaultyDevice
 from adp_gateway.card.software.devices.memory import MemoryDevice
+from adp_gateway.card.software.devices.reader import aligned
+from adp_gateway.card.software.format import RECORD_MAGIC
 from adp_gateway.errors import StorageError
 from tests.support.storage import REGION, extent, open_card, payload
 
@@ -71,34 +75,72 @@ def test_a_filling_whose_start_record_a_power_cut_lost_never_outlives_a_newer_va
     assert get(card, ["N"]) == [newer] != [stale]
 
 
-class BadSector(MemoryDevice):
-    """A memory device one of whose bytes cannot be read (EIO)."""
+class BadSectors(MemoryDevice):
+    """A memory device whose bytes in ``bad`` cannot be read (EIO)."""
 
-    bad: int | None = None
+    bad = range(0)
 
     def read(self, buffers: list[memoryview], offset: int) -> None:
-        if self.bad is not None and offset <= self.bad < offset + sum(map(len, buffers)):
+        if self.bad and offset < self.bad.stop and self.bad.start < offset + sum(map(len, buffers)):
             raise OSError(errno.EIO, "medium error")
         super().read(buffers, offset)
 
 
-def test_a_region_the_device_cannot_read_at_start_up_costs_its_own_records_only(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    device = BadSector(SIZE)
+def filled(sealed: bool) -> tuple[BadSectors, dict[str, bytes], SoftwareCard]:
+    """A database of two regions and more of values; closed (every region sealed: a restart
+    reads their footers) or left as a kill leaves it (a restart walks the open one)."""
+    device = BadSectors(SIZE)
     card = open_card([device])
     card.recover()
-    values = {f"k{i}": put(card, f"k{i}", i) for i in range(30)}  # two regions and more
-    card.close()  # every region sealed: a restart reads their footers
-    in_first = {n for n in values if card.index.get(("t", n)).locations[0].region == 0}  # type: ignore[union-attr]
-    assert in_first and in_first != set(values)
-    device.bad = 4096 + REGION - 100  # region 0's trailer page
+    values = {f"k{i}": put(card, f"k{i}", i) for i in range(30)}
+    if sealed:
+        card.close()
+    return device, values, card
+
+
+def region_of(card: SoftwareCard, name: str) -> int:
+    return card.index.get(("t", name)).locations[0].region  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("where", ["footer", "start-record", "payload"])
+def test_a_page_the_device_cannot_read_at_start_up_costs_only_the_records_in_it(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The page reads as zeros, which no record verifies: a footer that does not verify has the
+    region walked, a start record that does not has it rebuilt from the records behind it, and
+    a record whose payload does not is left out, yet not invalidated on the device (a read error
+    is not damage)."""
+    device, values, card = filled(sealed=where != "payload")
+    in_open = [n for n in values if region_of(card, n) == region_of(card, "k29")]
+    lost = in_open[0] if where == "payload" else None
+    if lost is not None:  # its region open, walked at the restart
+        at = card.index.get(("t", lost)).locations[0].offset + 4096 + 5  # type: ignore[union-attr]
+    else:
+        at = 4096 + (REGION - 100 if where == "footer" else 100)  # region 0
+    device.bad = range(at, at + 1)
 
     card = open_card([device])
     with caplog.at_level(logging.WARNING):
         card.recover()
-    assert "database 0 region 0: the device failed at start-up" in caplog.text
+    assert "1 page(s) could not be read at start-up" in caplog.text
+    assert get(card, list(values)) == [None if n == lost else v for n, v in values.items()]
+    if lost is not None:
+        device.bad = range(0)
+        header = aligned(4096)
+        device.read([header], at - 4096 - 5)
+        assert bytes(header[:8]) == RECORD_MAGIC
+
+
+def test_a_region_the_device_cannot_read_at_all_costs_its_own_records_only() -> None:
+    device, values, card = filled(sealed=True)
+    in_first = {n for n in values if region_of(card, n) == 0}
+    assert in_first and in_first != set(values)
+    device.bad = range(4096, 4096 + REGION)  # region 0
+
+    card = open_card([device])
+    card.recover()
     assert get(card, list(values)) == [None if n in in_first else v for n, v in values.items()]
+    device.bad = range(0)
     assert put(card, "new", 99) and get(card, ["new"]) == [payload(99, LENGTH)]
 
 

@@ -116,9 +116,11 @@ class RegionScan:
             db.held = None  # the take after recovery counts the regions again
 
     def _recover_region(self, db: Database, region: Region) -> list[FooterRow]:
-        reader = RegionReader(db.device, db.region_offset(region.index), db.region_bytes)
+        reader = RegionReader(
+            db.device, db.region_offset(region.index), db.region_bytes, zero_unreadable=True
+        )
         first = first_header(reader, db.salt)
-        repair = first is None and any(reader.page(0, read_ahead=False))
+        repair = first is None and (any(reader.page(0, read_ahead=False)) or 0 in reader.unreadable)
         if repair:  # not free: its start record is damaged, and its records may not be
             first = self._damaged_start(db, region, reader)
         if first is None:
@@ -135,13 +137,23 @@ class RegionScan:
         if repair:
             rewrite_start(reader, db.superblock, first)
             db.group_sync.wrote()
+        if reader.unreadable:
+            log.warning(
+                "database %d region %d: %d page(s) could not be read at start-up (the first at "
+                "byte %d of the region); the records in them are lost, its others kept",
+                db.index,
+                region.index,
+                len(reader.unreadable),
+                reader.unreadable[0],
+            )
         return rows
 
     @staticmethod
     def _unreadable(db: Database, region: Region, exc: OSError) -> list[FooterRow]:
-        """A region the device failed to read or write back at start-up (a bad sector): its
-        records are not loaded, and the region is reclaimed first, as one emptied; the rest of
-        the database starts as it is."""
+        """A region the device failed at start-up (a write back of its start record or of an
+        invalidated header; a page it cannot read only reads as zeros): its records are not
+        loaded, and the region is reclaimed first, as one emptied; the rest of the database
+        starts as it is."""
         log.warning(
             "database %d region %d: the device failed at start-up (%s); its records are not "
             "loaded, and the region is reused first",
@@ -214,9 +226,12 @@ class RegionScan:
         footer was being written when the gateway stopped, and a write cut short (a SIGKILL
         while the kernel pins its source pages, a power cut) can leave a valid header before a
         torn payload. Such a record is invalidated on disk (its header zeroed, as
-        ``adp-gateway check --fix`` does), so neither a recovery nor a check believes it."""
+        ``adp-gateway check --fix`` does), so neither a recovery nor a check believes it. A
+        record the device could not read is only left out: a read error is not damage."""
         if header.kind != Kind.DATA or payload_intact(reader, offset, header):
             return True
+        if any(offset <= page < offset + header.record_bytes for page in reader.unreadable):
+            return False  # logged with the region's unreadable pages
         log.warning(
             "database %d: the record of %s/%s at %d was torn by a crash (its payload fails its "
             "checksum); dropped",

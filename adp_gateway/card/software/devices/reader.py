@@ -17,12 +17,19 @@ def aligned(size: int) -> memoryview:
 
 
 class RegionReader:
-    """Pages of one region, read through a window that moves forward."""
+    """Pages of one region, read through a window that moves forward. With ``zero_unreadable``
+    a page the device fails to read (a bad sector) reads as zeros, which no record verifies,
+    and is listed in ``unreadable``: recovery then loses the records in it, not the region's
+    others."""
 
-    def __init__(self, device: Device, start: int, region_bytes: int) -> None:
+    def __init__(
+        self, device: Device, start: int, region_bytes: int, zero_unreadable: bool = False
+    ) -> None:
         self.device = device
         self.start = start
         self.region_bytes = region_bytes
+        self.zero_unreadable = zero_unreadable
+        self.unreadable: list[int] = []  # offsets from the region's start of pages read as zeros
         self._buffer = aligned(READ_AHEAD_BYTES)
         self._at = 0
         self._length = 0
@@ -42,10 +49,25 @@ class RegionReader:
             if self._length > len(self._buffer):
                 self._buffer = aligned(self._length)
             self._at = offset
-            self.device.read([self._buffer[: self._length]], self.start + offset)
+            self._fill(self._buffer[: self._length], offset)
         return self._buffer[offset - self._at : end - self._at]
 
     def read(self, offset: int, length: int) -> memoryview:
         buf = aligned(align_up(length))
-        self.device.read([buf], self.start + offset)
+        self._fill(buf, offset)
         return buf[:length]
+
+    def _fill(self, buf: memoryview, offset: int) -> None:
+        try:
+            self.device.read([buf], self.start + offset)
+        except OSError:
+            if not self.zero_unreadable:
+                raise
+            for at in range(0, len(buf), PAGE_BYTES):  # again, page by page
+                page = buf[at : at + PAGE_BYTES]
+                try:
+                    self.device.read([page], self.start + offset + at)
+                except OSError:
+                    page[:] = bytes(len(page))
+                    if offset + at not in self.unreadable:
+                        self.unreadable.append(offset + at)
