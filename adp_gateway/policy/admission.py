@@ -13,9 +13,10 @@ things says it would cost a write for little:
   software card, adp_gateway/card/software/eviction_ages.py), and objects would
   last there less long than most keys take to come back (``ReuseGaps``) were every store
   written, an object seen for the first time would mostly be evicted unread, and such stores
-  are declined in the measure of it. Where they would last less long than KEEP_FEW of keys take
-  to come back, a key seen once before is mostly evicted unread too, and the bar rises on
-  toward keys seen twice before. How long objects would last is the card's capacity over
+  are declined in the measure of it. Keys seen once before are judged the same way on the gaps
+  after which such keys came back a third time, and declined in the measure that objects
+  would last less long than KEEP_FEW of those. How long objects would last is the card's
+  capacity over
   the stores' recent rate, not the eviction age the card reports: that age grows as admission
   declines, and judged on it admission would settle halfway, whatever the traffic.
 
@@ -66,13 +67,15 @@ BUDGET_FREE_LEVEL = 0.5  # above this level of its bucket, the budget admits eve
 BUDGET_TARGET_LEVEL = 0.25  # the level at which it lets through just its rate
 DEMAND_WINDOW_S = 60.0  # how far back the demand by rank looks (at most the bucket)
 # Under pressure: first sightings are all written while the card keeps objects long enough for
-# KEEP_ALL of keys to come back, none below KEEP_NONE, a share in between; second sightings all
-# down to KEEP_FEW, and a share that falls with what the card keeps below it. On the production
-# trace the second step cut the writes at 1 % of its distinct blocks by three fifths and hit 0.4
-# points of the references more (bench/results/trace-sim-vm.md); it never engages from 5 % up.
+# KEEP_ALL of keys seen once to come back, none below KEEP_NONE, a share in between; second
+# sightings all while it keeps them long enough for KEEP_FEW of keys seen twice to come back,
+# and a share that falls to none with what it keeps below. On the production trace the second
+# step cut the writes at 1 % of its distinct blocks by a half and hit 0.2 points of the
+# references more (bench/results/trace-sim-vm.md); it never engages from 5 % up.
 KEEP_ALL = 0.65
 KEEP_NONE = 0.55
 KEEP_FEW = 0.3
+PRESSURE_STEPS = ((KEEP_ALL, KEEP_NONE), (KEEP_FEW, 0.0))  # each ramp: where it starts, ends
 GAPS_KNOWN_MIN = 64.0  # fewer gaps than this say too little: no pressure bar
 DITHER_PERIOD_S = 1.0
 
@@ -121,7 +124,8 @@ class Admission:
     def __init__(self, settings: AdmissionSettings, now_s: float) -> None:
         self.settings = settings
         self._record = SightingRecord(settings.record_keys)
-        self._gaps = ReuseGaps()
+        # The gaps after which keys seen once, and keys seen twice, were seen again.
+        self._gaps = (ReuseGaps(), ReuseGaps())
         self._budget: WriteBudget | None = None
         rate = settings.write_budget_bytes_per_s
         if settings.enabled and rate is not None:
@@ -151,9 +155,7 @@ class Admission:
         if not self.settings.enabled:
             return self._count(True, nbytes)
         with self._lock:
-            seen_before, gap_s = self._record.sight(fingerprint, now_s)
-            if seen_before == 1:
-                self._gaps.add(gap_s)
+            seen_before = self._sight(fingerprint, now_s)
             if held:
                 return True
             self._eviction_age_s = eviction_age_s
@@ -177,9 +179,7 @@ class Admission:
         if not self.settings.enabled:
             return
         with self._lock:
-            seen_before, gap_s = self._record.sight(fingerprint, now_s)
-            if seen_before == 1:
-                self._gaps.add(gap_s)
+            self._sight(fingerprint, now_s)
 
     def statistics(self, now_s: float) -> AdmissionStatistics:
         with self._lock:
@@ -197,16 +197,30 @@ class Admission:
                 eviction_age_s=self._eviction_age_s,
             )
 
+    def _sight(self, fingerprint: int, now_s: float) -> int:
+        """Record a sighting (under the lock); how often the key was seen before."""
+        seen_before, gap_s = self._record.sight(fingerprint, now_s)
+        if 1 <= seen_before <= len(self._gaps):
+            self._gaps[seen_before - 1].add(gap_s)
+        return seen_before
+
     def _pressure_bar(self, eviction_age_s: float | None) -> float:
         """0 while the card is not evicting, or would keep objects, every store written, long
-        enough for KEEP_ALL of keys to come back; 1 (second sighting) from KEEP_NONE down to
-        KEEP_FEW; 2 (third sighting) were it to keep them for none; in between else."""
+        enough for KEEP_ALL of keys seen once to come back; 1 (second sighting) below KEEP_NONE,
+        while it keeps them long enough for KEEP_FEW of keys seen twice to come back; 2 (third
+        sighting) were it to keep them for none; in between else. Each step waits for
+        GAPS_KNOWN_MIN gaps of its keys."""
         capacity = self.settings.capacity_bytes
-        if eviction_age_s is None or capacity is None or self._gaps.known < GAPS_KNOWN_MIN:
+        if eviction_age_s is None or capacity is None:
             return 0.0
         demand = self._demand.total_bytes_per_s
-        kept = self._gaps.share_within(capacity / demand if demand else math.inf)
-        return _ramp(KEEP_ALL, KEEP_NONE, kept) + _ramp(KEEP_FEW, 0.0, kept)
+        keep_s = capacity / demand if demand else math.inf
+        bar = 0.0
+        for gaps, (start, end) in zip(self._gaps, PRESSURE_STEPS, strict=True):
+            if gaps.known < GAPS_KNOWN_MIN:
+                break
+            bar += _ramp(start, end, gaps.share_within(keep_s))
+        return bar
 
     def _budget_bar(self, now_s: float) -> float:
         """0 while the bucket is at least BUDGET_FREE_LEVEL full; below, the bar that lets

@@ -159,10 +159,12 @@ def test_a_budget_of_a_quarter_holds_writes_near_it_and_keeps_keys_seen_before()
     assert sum(decided[False]) / len(decided[False]) < 0.1  # first sightings: declined
 
 
-def pressured(capacity_bytes: int, bar_max: float = 2.0) -> tuple[Admission, list[int]]:
+def pressured(
+    capacity_bytes: int, bar_max: float = 2.0, thirds: int = 1000
+) -> tuple[Admission, list[int]]:
     """An admission for a card of ``capacity_bytes`` (its pressure bar at most ``bar_max``)
-    that has seen keys come back after 100 to 300 s and stores arrive at about 3 KB/s; and keys
-    it has seen once."""
+    that has seen 2,000 keys come back after 100 to 300 s, and ``thirds`` of them a third time
+    50 to 150 s after that, and stores arrive at about 1.8 KB/s; and keys it has seen once."""
     settings = AdmissionSettings(
         record_keys=1 << 16, capacity_bytes=capacity_bytes, pressure_bar_max=bar_max
     )
@@ -171,6 +173,8 @@ def pressured(capacity_bytes: int, bar_max: float = 2.0) -> tuple[Admission, lis
     for i, fp in enumerate(seen):
         admission.sighted(fp, 0.0)
         admission.sighted(fp, 100.0 + i / 10)
+    for i, fp in enumerate(seen[:thirds]):
+        admission.sighted(fp, 150.0 + i / 10 + i % 100)
     for i in range(200):  # the stores' rate of late
         admission.admit(key(20_000 + i), 1000, 400.0 + i * 0.3, None)
     again = [key(10_000 + i) for i in range(1000)]
@@ -181,7 +185,7 @@ def pressured(capacity_bytes: int, bar_max: float = 2.0) -> tuple[Admission, lis
 
 def test_under_pressure_first_sightings_are_declined_and_keys_seen_before_admitted() -> None:
     """A card of 280 KB at about 1.8 KB/s would keep an object about 160 s: long enough for
-    KEEP_FEW of the keys to come back, far less than KEEP_NONE."""
+    under KEEP_NONE of the keys seen once to come back, yet for every key seen twice."""
     admission, again = pressured(capacity_bytes=280_000)
     new = [admission.admit(key(50_000 + i), 1, 470.0, 20.0) for i in range(1000)]
     old = [admission.admit(fp, 1, 470.0, 20.0) for fp in again]
@@ -190,19 +194,19 @@ def test_under_pressure_first_sightings_are_declined_and_keys_seen_before_admitt
 
 
 def test_under_heavy_pressure_only_keys_seen_twice_before_are_admitted() -> None:
-    """A card of 10 KB would keep an object about 6 s, when no key comes back in less than
-    100 s: a key seen once before would be evicted unread too. (A bar between 1 and 2 admits
-    keys seen once before for part of each dither period: not at its start, 470.0.)"""
+    """A card of 10 KB would keep an object about 6 s, when no key seen twice comes back in
+    less than 50 s: a key seen once before would be evicted unread too. (A bar between 1 and 2
+    admits keys seen once before for part of each dither period: not at its start, 470.0.)"""
     admission, again = pressured(capacity_bytes=10_000)
     once = [admission.admit(fp, 1, 470.0, 20.0) for fp in again]
-    more = [admission.admit(key(i), 1, 470.0, 20.0) for i in range(500)]  # seen at 0 and 100+
+    more = [admission.admit(key(i), 1, 470.0, 20.0) for i in range(500)]  # seen three times
     assert not any(once) and all(more)
     assert admission.statistics(470.0).bar == 2.0
 
 
 @pytest.mark.parametrize(
     ("capacity_bytes", "low", "high"),
-    [(10**9, 0.0, 0.0), (280_000, 1.0, 1.1), (230_000, 1.4, 1.6), (10_000, 2.0, 2.0)],
+    [(10**9, 0.0, 0.0), (280_000, 1.0, 1.0), (115_000, 1.3, 1.7), (10_000, 2.0, 2.0)],
 )
 def test_the_pressure_bar_rises_as_the_card_keeps_objects_for_fewer_returns(
     capacity_bytes: int, low: float, high: float
@@ -210,6 +214,12 @@ def test_the_pressure_bar_rises_as_the_card_keeps_objects_for_fewer_returns(
     admission, _ = pressured(capacity_bytes)
     admission.admit(key(99_999), 1, 470.0, 20.0)
     assert low <= admission.statistics(470.0).bar <= high
+
+
+def test_the_second_step_waits_until_enough_keys_were_seen_a_third_time() -> None:
+    admission, _ = pressured(10_000, thirds=10)
+    admission.admit(key(99_999), 1, 470.0, 20.0)
+    assert admission.statistics(470.0).bar == 1.0
 
 
 def test_the_pressure_bar_stops_at_its_max() -> None:
