@@ -52,6 +52,21 @@ def stored_through(gateway: ScriptedGateway) -> object:
         plugin.close()
 
 
+def a_store_never_completed(peer: Callable[..., ScriptedGateway]) -> tuple[ADPConnector, int]:
+    """A plugin (op timeout 1 s) with a store posted, read from L1 by a gateway that never
+    completes it; and the store's future."""
+    posted: list[object] = []
+
+    def script(session: PeerSession) -> None:
+        for _ in range(100):
+            posted.extend(session.next_submissions(0.1))
+
+    plugin = connector(peer(script, remote_copy=True), op_timeout_s=1.0)
+    future = plugin.submit_batch_set(["k"], STORE[:1])
+    wait_until(lambda: bool(posted), 10, "the store to be posted")
+    return plugin, future
+
+
 def test_ops_completed_just_before_the_gateway_hung_up_are_done(
     peer: Callable[..., ScriptedGateway],
 ) -> None:
@@ -101,16 +116,7 @@ def test_close_reports_a_store_in_flight_when_the_sockets_fd_is_past_select(
     resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
     held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
     try:
-        posted: list[object] = []  # the store, read from L1 and never completed
-
-        def script(session: PeerSession) -> None:
-            for _ in range(100):
-                posted.extend(session.next_submissions(0.1))
-
-        gateway = peer(script, remote_copy=True)
-        plugin = connector(gateway, op_timeout_s=1.0)
-        future = plugin.submit_batch_set(["k"], STORE[:1])
-        wait_until(lambda: bool(posted), 10, "the store to be posted")
+        plugin, future = a_store_never_completed(peer)
         plugin.close()
         assert [item[:2] for item in plugin.drain_completions()] == [(future, False)]
     finally:
@@ -125,16 +131,7 @@ def test_a_second_close_returns_once_the_first_has_reported_everything(
     """The first close waits up to one op timeout for a gateway that never lets go of L1; one
     that returned at once would let LMCache unmap L1 under a plugin still closing, and each
     would close the plugin's wake fd (the second time, whichever fd took its number)."""
-    posted: list[object] = []
-
-    def script(session: PeerSession) -> None:
-        for _ in range(100):
-            posted.extend(session.next_submissions(0.1))
-
-    gateway = peer(script, remote_copy=True)
-    plugin = connector(gateway, op_timeout_s=1.0)
-    future = plugin.submit_batch_set(["k"], STORE[:1])
-    wait_until(lambda: bool(posted), 10, "the store to be posted")
+    plugin, future = a_store_never_completed(peer)
     first = threading.Thread(target=plugin.close)
     first.start()
     try:
