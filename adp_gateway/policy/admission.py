@@ -10,15 +10,14 @@ things says it would cost a write for little:
   below), the stores likelier to be read again first (CacheLib's flash cache holds a target
   write rate the same way, with a rate of admission rather than a rank);
 - the card's pressure: when the card is full and evicting (its ``eviction_age_s``: for the
-  software card, adp_gateway/card/software/eviction_ages.py), and objects would
-  last there less long than most keys take to come back (``ReuseGaps``) were every store
-  written, an object seen for the first time would mostly be evicted unread, and such stores
-  are declined in the measure of it. Keys seen once before are judged the same way on the gaps
-  after which such keys came back a third time, and declined in the measure that objects
-  would last less long than KEEP_FEW of those. How long objects would last is the card's
-  capacity over
-  the stores' recent rate, not the eviction age the card reports: that age grows as admission
-  declines, and judged on it admission would settle halfway, whatever the traffic.
+  software card, adp_gateway/card/software/eviction_ages.py), and objects would last there less
+  long than most keys take to come back (``ReuseGaps``) were every store written, an object seen
+  for the first time would mostly be evicted unread, and such stores are declined in the
+  measure of it. Keys seen once before are judged the same way on the gaps after which such
+  keys came back a third time, and declined in the measure that objects would last less long
+  than KEEP_FEW of those. How long objects would last is the card's capacity over the stores'
+  recent rate, not the eviction age the card reports: that age grows as admission declines,
+  and judged on it admission would settle halfway, whatever the traffic.
 
 Both rank a store by how often its key was seen before (the ``SightingRecord``: loads that hit,
 and stores, count), so the bar is a number: a store is written when ``seen_before + 1 - d``

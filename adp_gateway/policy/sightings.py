@@ -19,9 +19,10 @@ only) about once in a million sets. Counts saturate at
 ``COUNT_MAX``. A fingerprint collision only makes a key look seen before: a store admitted that
 might not have been.
 
-Beside it, ``ReuseGaps`` keeps how long keys took to come back (a histogram of the gaps between
-a key's first and second sighting, decayed so that it follows the traffic), which tells the
-admission how long the cache must keep a new object for it to be read again.
+Beside it, ``ReuseGaps`` keeps how long keys took to come back (a histogram of gaps, decayed so
+that it follows the traffic); admission keeps one for the gaps between a key's first and second
+sighting and one for those between its second and third, which tell it how long the cache must
+keep an object seen once, or twice, for it to be read again.
 
 Not thread-safe: admission holds its own lock around both.
 """
