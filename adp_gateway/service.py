@@ -113,6 +113,7 @@ class Gateway:
             _per_database_max(self.config),
             self.config.store_inflight_max,
             boost.load_arrived if boost is not None else None,
+            _per_client_reads_max(self.config),
         )
         self.presence = Presence(presence_slots_for(self.config.capacity or 0))
         self.store = self._open_store()
@@ -396,3 +397,10 @@ def _per_database_max(config: GatewayConfig) -> int | None:
     if len(config.database_paths) == 1:
         return None
     return max(1, config.io_threads - config.io_threads // 4)
+
+
+def _per_client_reads_max(config: GatewayConfig) -> int:
+    """How many I/O threads one session's reads of its client's memory may hold: a quarter of
+    them (one at least) stays for the other sessions, however long a client's pages take to
+    answer. With one I/O thread there is none to keep."""
+    return max(1, config.io_threads - max(1, config.io_threads // 4))

@@ -26,6 +26,12 @@ Stall containment: each task names the databases its I/O touches, and at most
 seconds then holds only that many I/O threads; tasks for the other databases go ahead of the
 ones waiting for it, and a task whose deadline has passed is handed out at once (it completes as
 expired without I/O).
+
+Stalled clients are contained the same way: a task that reads the client's own memory (a store
+from its L1, zero-copy or remote copy) waits on that client's pages, which a client can keep
+from answering (its memory registered with userfaultfd, or a segment on a FUSE or NFS file).
+At most ``per_client_reads_max`` such tasks of one session run at once, so the I/O threads it
+may hold leave some for every other session.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Task:
     run: Callable[[], None] = field(repr=False)  # does the work and completes the op
     cancel: Callable[[Status], None] = field(repr=False)  # completes the op with this status
     databases: frozenset[int] = frozenset()  # what its I/O touches
+    reads_client: bool = False  # it reads the client's memory (L1, zero-copy or remote copy)
     # Of its bytes, those counted against the write depth now (while a store writes), and since
     # when.
     writing_bytes: int = field(default=0, init=False, repr=False)
@@ -76,10 +83,13 @@ class Scheduler:
         per_database_max: int | None = None,
         store_inflight_max: int | None = None,
         on_load: Callable[[], None] | None = None,
+        per_client_reads_max: int | None = None,
     ) -> None:
         self._store_backlog_max = store_backlog_max
         self._on_load = on_load  # called with each load it queued (adp_gateway/host/priority.py)
         self._per_database_max = per_database_max
+        self._per_client_reads_max = per_client_reads_max
+        self._client_reads: Counter[int] = Counter()  # session -> running tasks reading it
         self._depth = WriteDepth(store_inflight_max)
         self._store_running_bytes = 0
         self._running: Counter[int] = Counter()  # database -> running tasks touching it
@@ -156,6 +166,10 @@ class Scheduler:
         with self._ready:
             self._stores_since.pop(id(task), None)
             self._running.subtract(task.databases)
+            if task.reads_client:
+                left = self._client_reads.pop(task.session_id) - 1
+                if left:
+                    self._client_reads[task.session_id] = left
             if task.priority == Priority.LOAD:
                 self._loads_on.subtract(_places(task))
             self._stop_writing(task)
@@ -225,6 +239,7 @@ class Scheduler:
                     queues[session_id] = queue  # to the back: the next session takes its turn
                 self._release([task], done=False)
                 self._running.update(task.databases)
+                self._client_reads[task.session_id] += task.reads_client
                 if task.priority == Priority.STORE:
                     task.writing_bytes = task.data_bytes
                     task.writing_since_ns = now
@@ -241,6 +256,13 @@ class Scheduler:
                 return False  # writes yield to reads: one store writing at most, per database
             if self._store_running_bytes + task.data_bytes > self._depth.limit():
                 return False
+        readers = self._per_client_reads_max
+        if (
+            task.reads_client
+            and readers is not None
+            and self._client_reads[task.session_id] >= readers
+        ):
+            return False
         limit = self._per_database_max
         return limit is None or all(self._running[d] < limit for d in task.databases)
 

@@ -172,6 +172,7 @@ class SessionWork:
             run,
             lambda status: self._complete(submission, status),
             databases,
+            reads_client=reads_l1,
         )
         if not self._scheduler.submit(task):
             self._complete(submission, Status.REJECTED)

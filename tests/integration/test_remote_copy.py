@@ -29,6 +29,7 @@ from tests.support import (
 )
 from tests.support.faulty_gateway import FaultyGateway
 from tests.support.plugin import connected, keyed_objects
+from tests.support.stalled_memory import StalledMemory
 
 pytestmark = pytest.mark.integration
 OP_TIMEOUT_S = 1.0
@@ -145,6 +146,38 @@ def test_ops_settle_on_time_with_the_gateway_stopped_mid_copy(slow: FaultyGatewa
     slow.inject(clear=True)
     assert run(connector, connector.submit_batch_exists(list(batch)))[1] == [False]
     connector.close()
+
+
+def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_threads(
+    make_gateway: Callable[..., Gateway], workdir: Path
+) -> None:
+    """Stores whose L1 pages never answer the gateway's reads (here: registered with
+    userfaultfd and never served) hold the I/O threads that read them until the pages answer.
+    They hold at most three of the four, so another client still stores and loads on time; the
+    stalled ones fail at their deadline and are never written."""
+    config = workdir / "gateway.yaml"
+    config.write_text("io_threads: 4\n")
+    gateway = make_gateway("256MiB", "--config", str(config)).start()
+    stalled = StalledMemory(8 * 2**20)
+    stuck = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
+    other = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
+    try:
+        keys = list(keyed_objects(25, 8, 2**20))
+        buffers = [stalled.memory[i * 2**20 : (i + 1) * 2**20] for i in range(len(keys))]
+        stuck_id = stuck.submit_batch_set(keys, buffers)
+        batch = keyed_objects(26, 2, 2**20)
+        values = [memoryview(bytearray(v)) for v in batch.values()]
+        assert run(other, other.submit_batch_set(list(batch), values))[0]
+        into = [bytearray(2**20) for _ in batch]
+        found = run(other, other.submit_batch_get(list(batch), list(map(memoryview, into))))
+        assert found == (True, [True, True])
+        assert [bytes(b) for b in into] == list(batch.values())
+        assert run(stuck, stuck_id)[0] is False
+    finally:
+        stalled.release()
+    assert run(stuck, stuck.submit_batch_exists(keys))[1] == [False] * len(keys)
+    stuck.close()
+    other.close()
 
 
 def test_lmcache_server_with_private_l1_has_the_gateway_copy_its_stores(

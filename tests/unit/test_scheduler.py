@@ -2,7 +2,8 @@
 bounded by refusing new stores at once, and a stalled database holds at most its share of the
 I/O threads while tasks for other databases go ahead, and running stores hold a bounded number
 of bytes, one store's at most while a load runs or waits on their database (a database stalled
-with a load and a store on it holds up no store to another)."""
+with a load and a store on it holds up no store to another). A client whose memory stalls the
+tasks reading it holds at most its share of the threads too."""
 
 from __future__ import annotations
 
@@ -120,6 +121,33 @@ def test_a_stalled_database_holds_only_its_share_of_the_threads() -> None:
     for t in (stuck[1], stuck[2], later[0]):
         scheduler.finished(t)
     assert drain(scheduler) == [stuck[3], later[1]]
+
+
+def reading_client(session: int, deadline_s: float = 60) -> Task:
+    """A store that reads its client's memory (zero-copy or remote copy)."""
+    deadline_ns = time.monotonic_ns() + int(deadline_s * 1e9)
+    return Task(
+        Priority.STORE, session, deadline_ns, 1, lambda: None, lambda s: None, reads_client=True
+    )
+
+
+def test_a_client_whose_memory_stalls_holds_only_its_share_of_the_threads() -> None:
+    scheduler = Scheduler(10**9, store_inflight_max=10**9, per_client_reads_max=2)
+    stuck = [reading_client(1) for _ in range(4)]
+    others = [on({0}), reading_client(2), reading_client(1, deadline_s=-1)]
+    for t in [*stuck, *others]:
+        assert scheduler.submit(t)
+    running = drain(scheduler)  # none finishes: client 1's pages never answer
+    # its load, the other client's store, and its expired store (it runs no I/O) still go
+    assert running == [others[0], stuck[0], others[1], stuck[1], others[2]]
+    scheduler.finished(others[1])  # another client's thread is freed: not client 1's to take
+    scheduler.finished(others[2])  # client 1's expired store ends at once
+    assert drain(scheduler) == []
+    scheduler.finished(stuck[0])
+    assert drain(scheduler) == [stuck[2]]
+    for t in (stuck[1], stuck[2]):
+        scheduler.finished(t)
+    assert drain(scheduler) == [stuck[3]]
 
 
 def test_a_task_past_its_deadline_is_handed_out_to_expire_at_once() -> None:
