@@ -16,7 +16,10 @@ runs or waits, writes to its databases yield further: a store to them starts onl
 store is writing there, so the disk serves the load beside one store's writes at most (and a
 database stalled with a load and a store on it holds up no store to another). A store
 whose writes have landed (``writes_landed``, called from inside its task) stops counting while
-it waits for its group commit, so the next store's writes go to the disk meanwhile.
+it waits for its group commit, so the next store's writes go to the disk meanwhile. So does a
+store still running past its deadline (``drop_expired``): its client has given it up, and
+whatever it still writes is held by a device that does not answer, not queued before anyone's
+load; counted, a database stalled under a few large stores held up every store to the others.
 
 Waking: an I/O thread that finishes a task takes the next itself; idle threads are woken only
 as many as there are queued tasks, never all of them for nothing.
@@ -97,6 +100,7 @@ class Scheduler:
         # running, and stores writing. A load yields writes only on the databases it reads.
         self._loads_on: Counter[int | None] = Counter()
         self._writing_on: Counter[int | None] = Counter()
+        self._writing: dict[int, Task] = {}  # id -> a store counted against the depth
         self._queues: list[OrderedDict[int, deque[Task]]] = [OrderedDict() for _ in Priority]
         self._store_backlog_bytes = 0
         self._stores_since: dict[int, int] = {}  # id of a store queued or running -> its submit
@@ -189,9 +193,12 @@ class Scheduler:
 
     def drop_expired(self) -> list[Task]:
         """Remove and return every queued task whose deadline has passed, so that it completes
-        (as expired) even while every I/O thread is busy or stalled."""
+        (as expired) even while every I/O thread is busy or stalled; stores still running past
+        theirs stop counting against the write depth."""
         now = time.monotonic_ns()
         with self._ready:
+            for store in [t for t in self._writing.values() if now > t.deadline_ns]:
+                self._stop_writing(store)
             dropped: list[Task] = []
             for queues in self._queues:
                 for session_id, queue in list(queues.items()):
@@ -245,6 +252,7 @@ class Scheduler:
                     task.writing_since_ns = now
                     self._store_running_bytes += task.data_bytes
                     self._writing_on.update(_places(task))
+                    self._writing[id(task)] = task
                 return task
         return None
 
@@ -279,6 +287,7 @@ class Scheduler:
             self._store_running_bytes -= task.writing_bytes
             task.writing_bytes = 0
             self._writing_on.subtract(_places(task))
+            del self._writing[id(task)]
 
     def _loading(self) -> bool:
         """Under the lock: whether a load runs or waits."""

@@ -73,6 +73,16 @@ def faulty(workdir: Path) -> Iterator[FaultyGateway]:
     gateway.kill()
 
 
+@pytest.fixture
+def shallow(workdir: Path) -> Iterator[FaultyGateway]:
+    """A gateway whose stores may write one fragment's bytes at once (the write depth)."""
+    config = workdir / "gateway.yaml"
+    config.write_text(CONFIG + "store_inflight_max: 1MiB\n")
+    gateway = FaultyGateway(workdir, "256MiB", "--config", str(config))
+    yield gateway.start()  # type: ignore[misc]
+    gateway.kill()
+
+
 def check_disk(gateway: Gateway) -> str:
     result = subprocess.run(
         [
@@ -162,6 +172,25 @@ def test_stalls_expire_their_own_ops_while_the_rest_is_served(faulty: FaultyGate
 
     faulty.inject(clear=True)
     wait_until(lambda: client.load(stored) == [True] * len(stored), 30, "the stall to drain")
+    client.close()
+
+
+def test_a_store_stuck_past_its_deadline_holds_up_no_store_to_another_database(
+    shallow: FaultyGateway,
+) -> None:
+    """A store stuck in a stalled database's kernel counted against the write depth until the
+    disk answered: with the depth full, every store to the other database waited behind it and
+    expired. Once past its deadline it counts no more."""
+    client = Client(shallow)
+    stored = keyed_objects(7, 16, FRAGMENT_BYTES)
+    on_db0 = {k: v for k, v in stored.items() if databases_of(k, FRAGMENT_BYTES) == {0}}
+    on_db1 = {k: v for k, v in stored.items() if databases_of(k, FRAGMENT_BYTES) == {1}}
+    assert on_db0 and on_db1
+    shallow.inject(database=0, delay_s=OP_TIMEOUT_S + 4)
+    assert client.store(on_db0) == [False] * len(on_db0)
+    assert client.store(on_db1) == [True] * len(on_db1)
+    shallow.inject(clear=True)
+    assert client.load(on_db1) == [True] * len(on_db1)
     client.close()
 
 

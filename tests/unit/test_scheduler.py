@@ -181,6 +181,30 @@ def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None
     assert drain(scheduler) == [big]  # one store always may run, however large
 
 
+def test_a_store_running_past_its_deadline_stops_holding_the_write_depth() -> None:
+    """A store stuck in a stalled database's kernel past its deadline no longer keeps the
+    stores to other databases from writing."""
+    scheduler = Scheduler(10**9, store_inflight_max=100)
+    soon = time.monotonic_ns() + 50_000_000
+    stuck = Task(Priority.STORE, 1, soon, 80, lambda: None, print, frozenset({0}))
+    later = Task(Priority.STORE, 2, soon + 60 * 10**9, 40, lambda: None, print, frozenset({1}))
+    for t in (stuck, later):
+        assert scheduler.submit(t)
+    assert drain(scheduler) == [stuck]  # 120 bytes would pass the depth
+    assert scheduler.drop_expired() == []
+    assert drain(scheduler) == []  # in time: it still counts
+    wait_until(lambda: time.monotonic_ns() > soon, 5, "the stuck store's deadline")
+    assert scheduler.drop_expired() == []  # it runs: nothing queued to drop
+    assert drain(scheduler) == [later]
+    scheduler.finished(stuck)  # once it returns, it is not subtracted twice
+    scheduler.finished(later)
+    assert scheduler.statistics().queued == (0, 0, 0)
+    big = [live_store(60), live_store(60)]
+    for t in big:
+        assert scheduler.submit(t)
+    assert drain(scheduler) == big[:1]  # the depth counts from zero again
+
+
 def test_while_a_load_runs_or_waits_only_one_store_writes() -> None:
     scheduler = Scheduler(10**9, store_inflight_max=100)
     stores = [live_store(10) for _ in range(4)]
