@@ -5,10 +5,12 @@ while the drive's write budget holds (budget.py: a bucket of a day's worth of th
 prompt seen once is on the drive after a restart. Admission declines a store only when one of two
 things says it would cost a write for little:
 
-- the budget: once the bucket is below half full, it sets the bar so that the stores of late
-  that it would let through come to the budget's rate (at a quarter full; more above, less
-  below), the stores likelier to be read again first (CacheLib's flash cache holds a target
-  write rate the same way, with a rate of admission rather than a rank);
+- the budget: a store is written only while the bucket holds its bytes, and a store of a key
+  never seen before only while the bucket stays at least half full after it
+  (``FIRST_SIGHTING_RESERVE``). So the other half is kept for keys seen before, about five
+  times likelier to be read again per byte written on the production trace, and a burst of
+  them spends it where a burst of new keys cannot; under light load the bucket stays full and
+  every store is written;
 - the card's pressure: when the card is full and evicting (its ``eviction_age_s``: for the
   software card, adp_gateway/card/software/eviction_ages.py), and objects would last there less
   long than most keys take to come back (``ReuseGaps``) were every store written, an object seen
@@ -20,7 +22,7 @@ things says it would cost a write for little:
   and judged on it admission would settle halfway, whatever the traffic.
 
 Both rank a store by how often its key was seen before (the ``SightingRecord``: loads that hit,
-and stores, count), so the bar is a number: a store is written when ``seen_before + 1 - d``
+and stores, count). Pressure sets a bar: a store is written when ``seen_before + 1 - d``
 exceeds it. A bar of 0 writes everything; 1 writes only keys seen before ("second sighting");
 0.5 also keys never seen before, half of the time. ``d`` goes from 0 to 1 over every
 ``DITHER_PERIOD_S``, so what a fractional bar admits is the stores of part of each period: a
@@ -50,21 +52,20 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from adp_gateway.policy.budget import (
-    SECONDS_PER_DAY,
-    RankDemand,
-    WriteBudget,
-    parse_write_budget,
-)
+from adp_gateway.policy.budget import SECONDS_PER_DAY, WriteBudget, parse_write_budget
 from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
+from adp_gateway.policy.store_rate import StoreRate
 
 if TYPE_CHECKING:
     from adp_gateway.config import GatewayConfig
 
-RANKS = 5  # the budget ranks stores by how often seen before: 0, 1, 2, 3, 4 or more
-BUDGET_FREE_LEVEL = 0.5  # above this level of its bucket, the budget admits everything
-BUDGET_TARGET_LEVEL = 0.25  # the level at which it lets through just its rate
-DEMAND_WINDOW_S = 60.0  # how far back the demand by rank looks (at most the bucket)
+# The share of the budget's bucket a store of a key never seen before must leave in it. Weighed
+# on the production trace at a quarter of the write-everything rate (bench/results/
+# trace-sim-vm.md): 0.25 to 0.75 all hit more than second sighting at every capacity, where
+# a bar that held the bucket near a quarter full by rank (the rule before) hit up to 0.7 points
+# of the references less at 25 and 50 %.
+FIRST_SIGHTING_RESERVE = 0.5
+STORE_RATE_WINDOW_S = 60.0  # how far back the stores' rate looks
 # Under pressure: first sightings are all written while the card keeps objects long enough for
 # KEEP_ALL of keys seen once to come back, none below KEEP_NONE, a share in between; second
 # sightings all while it keeps them long enough for KEEP_FEW of keys seen twice to come back,
@@ -113,7 +114,7 @@ class AdmissionStatistics:
     admitted_bytes: int
     declined_bytes: int
     declined_for_budget: int  # declined to keep within the write budget (the rest: pressure)
-    bar: float  # the last store's bar (0: everything admitted)
+    bar: float  # the last store's bar: pressure's, or the floor (0: none)
     write_budget_bytes_per_s: float | None
     budget_level: float | None  # 0 (empty) to 1 (full); None without a budget
     eviction_age_s: float | None
@@ -129,7 +130,7 @@ class Admission:
         rate = settings.write_budget_bytes_per_s
         if settings.enabled and rate is not None:
             self._budget = WriteBudget(rate, rate * settings.burst_s, now_s)
-        self._demand = RankDemand(RANKS, min(DEMAND_WINDOW_S, settings.burst_s))
+        self._store_rate = StoreRate(STORE_RATE_WINDOW_S)
         self._lock = threading.Lock()
         self._admitted = self._declined = self._for_budget = 0
         self._admitted_bytes = self._declined_bytes = 0
@@ -150,7 +151,7 @@ class Admission:
         is not evicting;
         ``held``: the store holds the key already (nothing will be written); ``drive_bytes``:
         what writing it costs the drive (the card's ``write_cost``; default ``nbytes``), which
-        the budget and the demand it weighs count in."""
+        the budget and the stores' rate count in."""
         if not self.settings.enabled:
             return self._count(True, nbytes)
         with self._lock:
@@ -159,16 +160,13 @@ class Admission:
                 return True
             self._eviction_age_s = eviction_age_s
             cost = nbytes if drive_bytes is None else drive_bytes
-            self._demand.add(seen_before, cost, now_s)
-            budget_bar = self._budget_bar(now_s)
+            self._store_rate.add(cost, now_s)
             pressure_bar = min(self._pressure_bar(eviction_age_s), self.settings.pressure_bar_max)
-            self._bar = max(self.settings.bar_floor, pressure_bar, budget_bar)
-            rank = seen_before + 1 - _dither(now_s)
-            if rank <= self._bar:
-                if rank <= budget_bar:
-                    self._for_budget += 1
+            self._bar = max(self.settings.bar_floor, pressure_bar)
+            if seen_before + 1 - _dither(now_s) <= self._bar:
                 return self._count_locked(False, nbytes)
-            if self._budget is not None and not self._budget.take(cost, now_s):
+            reserve = FIRST_SIGHTING_RESERVE if seen_before == 0 else 0.0
+            if self._budget is not None and not self._budget.take(cost, now_s, reserve):
                 self._for_budget += 1
                 return self._count_locked(False, nbytes)
             return self._count_locked(True, nbytes)
@@ -212,25 +210,14 @@ class Admission:
         capacity = self.settings.capacity_bytes
         if eviction_age_s is None or capacity is None:
             return 0.0
-        demand = self._demand.total_bytes_per_s
-        keep_s = capacity / demand if demand else math.inf
+        rate = self._store_rate.bytes_per_s
+        keep_s = capacity / rate if rate else math.inf
         bar = 0.0
         for gaps, (start, end) in zip(self._gaps, PRESSURE_STEPS, strict=True):
             if gaps.known < GAPS_KNOWN_MIN:
                 break
             bar += _ramp(start, end, gaps.share_within(keep_s))
         return bar
-
-    def _budget_bar(self, now_s: float) -> float:
-        """0 while the bucket is at least BUDGET_FREE_LEVEL full; below, the bar that lets
-        through the stores of late up to the budget's rate times the level over
-        BUDGET_TARGET_LEVEL, so the bucket settles near that level."""
-        if self._budget is None:
-            return 0.0
-        level = self._budget.level(now_s)
-        if level >= BUDGET_FREE_LEVEL:
-            return 0.0
-        return self._demand.bar_for(self._budget.rate_bytes_per_s * level / BUDGET_TARGET_LEVEL)
 
     def _count(self, admitted: bool, nbytes: int) -> bool:
         with self._lock:

@@ -11,10 +11,7 @@ Not thread-safe: admission holds its own lock around it.
 
 from __future__ import annotations
 
-import math
 import re
-
-import numpy as np
 
 from adp_wire.errors import ConfigError
 from adp_wire.units import parse_size
@@ -67,46 +64,12 @@ class WriteBudget:
         self._filled_s = max(self._filled_s, now_s)
         return self._tokens
 
-    def take(self, nbytes: int, now_s: float) -> bool:
-        """Spend ``nbytes`` if the bucket holds them (or, for an object larger than the whole
-        bucket, if it is full: the bucket then owes the difference)."""
-        if self.tokens(now_s) < min(nbytes, self.depth_bytes):
+    def take(self, nbytes: int, now_s: float, reserve: float = 0.0) -> bool:
+        """Spend ``nbytes`` if the bucket holds them and still holds ``reserve`` of its depth
+        after (or, for an object larger than the whole bucket, if it is full: the bucket then
+        owes the difference)."""
+        kept = reserve * self.depth_bytes
+        if self.tokens(now_s) < min(nbytes + kept, self.depth_bytes):
             return False
         self._tokens -= nbytes
         return True
-
-
-class RankDemand:
-    """How many bytes per second of stores arrive lately, by rank (how often their key was seen
-    before: 0 to ``ranks - 1``, the last also counting keys seen more often), as running rates
-    over about ``window_s``; and from them the bar that lets through a given rate, the
-    highest ranks first."""
-
-    def __init__(self, ranks: int, window_s: float) -> None:
-        assert ranks > 0 and window_s > 0
-        self._rates = np.zeros(ranks, np.float64)
-        self._window_s = window_s
-        self._last_s: float | None = None
-
-    def add(self, rank: int, nbytes: int, now_s: float) -> None:
-        if self._last_s is not None and now_s > self._last_s:
-            self._rates *= math.exp(-(now_s - self._last_s) / self._window_s)
-        self._last_s = now_s if self._last_s is None else max(self._last_s, now_s)
-        self._rates[min(rank, len(self._rates) - 1)] += nbytes / self._window_s
-
-    @property
-    def total_bytes_per_s(self) -> float:
-        return float(self._rates.sum())
-
-    def bar_for(self, rate_bytes_per_s: float) -> float:
-        """The lowest bar (admission.py) under which the stores admitted come to at most
-        ``rate_bytes_per_s``: every rank above it, and a share of the rank it falls in."""
-        if rate_bytes_per_s <= 0:
-            return float(len(self._rates))  # nothing
-        above = 0.0
-        for rank in reversed(range(len(self._rates))):
-            demand = float(self._rates[rank])
-            if demand > 0 and above + demand > rate_bytes_per_s:
-                return rank + 1 - (rate_bytes_per_s - above) / demand
-            above += demand
-        return 0.0

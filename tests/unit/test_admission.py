@@ -6,14 +6,14 @@ long enough, and past that keeps what is likelier to be read again, at the budge
   never reach); a key not seen for longer than the record holds is new again.
 - The write budget parses each form it takes and names the field for any other; its bucket
   starts full, refills at the rate, and never lets more through than the rate times the time
-  plus one bucket.
+  plus one bucket; a store that must leave a reserve passes only above it.
 - Admission: off writes everything; on, without budget or pressure, writes everything; a budget
   a quarter of the demand holds the written bytes within 10 % of it and admits keys seen before
-  first; under pressure (a card that, written every store, would evict objects before most keys
-  come back) first sightings are declined and keys seen before admitted, and under heavy
-  pressure keys seen once before too, while a card that is not evicting takes everything; a
-  store of a held key is only a sighting, and one replacing a held object of another length is
-  always written.
+  first (new keys only while its bucket stays half full, keys seen before down to empty); under
+  pressure (a card that, written every store, would evict objects before most keys come back)
+  first sightings are declined and keys seen before admitted, and under heavy pressure keys
+  seen once before too, while a card that is not evicting takes everything; a store of a held
+  key is only a sighting, and one replacing a held object of another length is always written.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from adp_gateway.errors import ConfigError
 from adp_gateway.objects.catalog import ObjectCatalog
 from adp_gateway.objects.store import ObjectStore
 from adp_gateway.policy.admission import Admission, AdmissionSettings
-from adp_gateway.policy.budget import RankDemand, WriteBudget, parse_write_budget
+from adp_gateway.policy.budget import WriteBudget, parse_write_budget
 from adp_gateway.policy.sightings import ReuseGaps, SightingRecord
+from adp_gateway.policy.store_rate import StoreRate
 from adp_wire.presence import fingerprint
 from tests.support.storage import REGION, extent, open_card, payload
 
@@ -118,15 +119,36 @@ def test_the_bucket_starts_full_refills_at_its_rate_and_never_overflows() -> Non
     assert taken <= 100.0 * 500 + 1000  # the rate times the time, plus one bucket
 
 
-def test_the_bar_for_a_rate_lets_the_most_seen_through_first() -> None:
-    demand = RankDemand(ranks=3, window_s=10.0)
-    for rank, nbytes in ((0, 600), (1, 300), (2, 100)):  # 60, 30 and 10 bytes/s
-        demand.add(rank, nbytes, 0.0)
-    assert demand.bar_for(1000.0) == 0.0
-    assert demand.bar_for(10.0) == pytest.approx(2.0)  # rank 2 only
-    assert demand.bar_for(25.0) == pytest.approx(1.5)  # rank 2, half of rank 1
-    assert demand.bar_for(0.0) == demand.bar_for(-5.0) == 3.0  # nothing
-    assert RankDemand(3, 10.0).bar_for(5.0) == 0.0  # no demand: nothing to hold back
+def test_the_bucket_pays_a_store_that_must_leave_a_reserve_only_above_it() -> None:
+    bucket = WriteBudget(rate_bytes_per_s=100.0, depth_bytes=1000.0, now_s=0.0)
+    assert [bucket.take(200, 0.0, reserve=0.5) for _ in range(3)] == [True, True, False]
+    assert bucket.take(600, 0.0) and not bucket.take(1, 0.0)  # no reserve: down to empty
+    big = WriteBudget(rate_bytes_per_s=100.0, depth_bytes=1000.0, now_s=0.0)
+    assert big.take(1500, 0.0, reserve=0.5)  # larger than the bucket: only when it is full
+    assert not big.take(1500, 10.0, reserve=0.5) and big.take(1500, 15.0, reserve=0.5)
+
+
+def test_the_store_rate_is_a_running_rate_over_its_window() -> None:
+    rate = StoreRate(window_s=10.0)
+    assert rate.bytes_per_s == 0.0
+    for t in range(600):  # 100 bytes every 0.1 s: 1,000 bytes/s
+        rate.add(100, t / 10)
+    assert rate.bytes_per_s == pytest.approx(1000.0, rel=0.06)
+    rate.add(0, 59.9 + 10.0)  # quiet for a window: down to about 1/e
+    assert rate.bytes_per_s == pytest.approx(1000.0 / math.e, rel=0.06)
+
+
+def test_under_a_budget_a_burst_of_keys_seen_before_spends_what_new_keys_leave() -> None:
+    """A bucket of 10 stores: new keys take it down to half, and keys seen before to empty."""
+    admission = Admission(AdmissionSettings(write_budget_bytes_per_s=100.0, burst_s=100.0), 0.0)
+    seen = [key(100 + i) for i in range(8)]
+    for fp in seen:
+        admission.sighted(fp, 0.0)
+    assert stream(admission, [key(i) for i in range(8)], 1.0, 0.0) == [True] * 5 + [False] * 3
+    assert stream(admission, seen, 1.0, 0.0) == [True] * 5 + [False] * 3
+    statistics = admission.statistics(1.0)
+    assert statistics.declined_for_budget == statistics.declined == 6
+    assert statistics.bar == 0.0  # no pressure: the budget alone declined
 
 
 def stream(admission: Admission, keys: list[int], start_s: float, spacing_s: float) -> list[bool]:
