@@ -32,9 +32,10 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
   and ``adp_gateway_admission_bytes_total{decision}`` (``admitted`` or ``declined``; a declined
   store is also counted ``ok`` among the keys, as LMCache counts it stored),
   ``adp_gateway_admission_declined_for_budget_total`` (the rest were declined for the card's
-  pressure), ``adp_gateway_admission_bar`` (0: every store written; 1: only keys seen before; 2:
-  only keys seen twice before), ``adp_gateway_eviction_age_seconds`` (how long objects lately
-  lasted before eviction), ``adp_gateway_write_rate_bytes_per_second`` (the last minute's),
+  pressure), ``adp_gateway_admission_bar`` (the card's pressure's: 0, every store written; 1,
+  only keys seen before; 2, only keys seen twice before), ``adp_gateway_eviction_age_seconds``
+  (how long objects lately lasted before eviction), ``adp_gateway_write_rate_bytes_per_second``
+  (the last minute's),
   ``adp_gateway_write_budget_bytes_per_second`` and ``adp_gateway_write_budget_level`` (the
   bucket, 0 empty to 1 full; both absent without a budget), ``adp_gateway_drive_writes_per_day``
   (projected at the last minute's rate).
@@ -279,7 +280,9 @@ def _admission(state: dict[str, Any]) -> Iterator[Metric]:
         value=state["declined_for_budget"],
     )
     yield GaugeMetricFamily(
-        "adp_gateway_admission_bar", "How often a key must be seen before", value=state["bar"]
+        "adp_gateway_admission_bar",
+        "How often a key must be seen before for the card's pressure to let its store be written",
+        value=state["bar"],
     )
     if state["eviction_age_s"] is not None:
         yield GaugeMetricFamily(

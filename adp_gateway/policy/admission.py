@@ -61,9 +61,9 @@ if TYPE_CHECKING:
 
 # The share of the budget's bucket a store of a key never seen before must leave in it. Weighed
 # on the production trace at a quarter of the write-everything rate (bench/results/
-# trace-sim-vm.md): 0.25 to 0.75 all hit more than second sighting at every capacity, where
-# a bar that held the bucket near a quarter full by rank (the rule before) hit up to 0.7 points
-# of the references less at 25 and 50 %.
+# trace-sim-vm.md; 0.25 and 0.75 in scratch runs): each hit more than second sighting at every
+# capacity, where a bar that held the bucket near a quarter full by rank (the rule before) hit
+# up to 0.7 points of the references less at 25 and 50 %.
 FIRST_SIGHTING_RESERVE = 0.5
 STORE_RATE_WINDOW_S = 60.0  # how far back the stores' rate looks
 # Under pressure: first sightings are all written while the card keeps objects long enough for

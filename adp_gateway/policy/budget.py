@@ -66,8 +66,8 @@ class WriteBudget:
 
     def take(self, nbytes: int, now_s: float, reserve: float = 0.0) -> bool:
         """Spend ``nbytes`` if the bucket holds them and still holds ``reserve`` of its depth
-        after (or, for an object larger than the whole bucket, if it is full: the bucket then
-        owes the difference)."""
+        after (or, for an object larger than what that leaves to spend, if it is full: the
+        bucket then owes the difference)."""
         kept = reserve * self.depth_bytes
         if self.tokens(now_s) < min(nbytes + kept, self.depth_bytes):
             return False

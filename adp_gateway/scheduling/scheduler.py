@@ -17,9 +17,10 @@ store is writing there, so the disk serves the load beside one store's writes at
 database stalled with a load and a store on it holds up no store to another). A store
 whose writes have landed (``writes_landed``, called from inside its task) stops counting while
 it waits for its group commit, so the next store's writes go to the disk meanwhile. So does a
-store still running past its deadline (``drop_expired``): its client has given it up, and
-whatever it still writes is held by a device that does not answer, not queued before anyone's
-load; counted, a database stalled under a few large stores held up every store to the others.
+store past its deadline that has been writing for ``STALLED_WRITE_S`` (``drop_expired``): the
+depth is milliseconds of the drives' work, so such a store is held by a device that does not
+answer, not queued before anyone's load, and its client has given it up. Counted, a database
+stalled under a few large stores held up every store to the others.
 
 Waking: an I/O thread that finishes a task takes the next itself; idle threads are woken only
 as many as there are queued tasks, never all of them for nothing.
@@ -33,8 +34,8 @@ expired without I/O).
 Stalled clients are contained the same way: a task that reads the client's own memory (a store
 from its L1, zero-copy or remote copy) waits on that client's pages, which a client can keep
 from answering (its memory registered with userfaultfd, or a segment on a FUSE or NFS file).
-At most ``per_client_reads_max`` such tasks of one session run at once, so the I/O threads it
-may hold leave some for every other session.
+At most ``per_client_reads_max`` such tasks of one session run at once, so one such client
+holds only that many I/O threads and leaves the rest to the other sessions.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from enum import IntEnum
 
 from adp_gateway.scheduling.write_depth import WriteDepth
 from adp_wire.protocol import Status
+
+# A store writing this long is stalled: the write depth holds milliseconds of the drives' work.
+STALLED_WRITE_S = 1.0
 
 
 class Priority(IntEnum):
@@ -171,9 +175,9 @@ class Scheduler:
             self._stores_since.pop(id(task), None)
             self._running.subtract(task.databases)
             if task.reads_client:
-                left = self._client_reads.pop(task.session_id) - 1
-                if left:
-                    self._client_reads[task.session_id] = left
+                self._client_reads[task.session_id] -= 1
+                if not self._client_reads[task.session_id]:
+                    del self._client_reads[task.session_id]
             if task.priority == Priority.LOAD:
                 self._loads_on.subtract(_places(task))
             self._stop_writing(task)
@@ -193,11 +197,16 @@ class Scheduler:
 
     def drop_expired(self) -> list[Task]:
         """Remove and return every queued task whose deadline has passed, so that it completes
-        (as expired) even while every I/O thread is busy or stalled; stores still running past
-        theirs stop counting against the write depth."""
+        (as expired) even while every I/O thread is busy or stalled; stores past theirs that
+        are stalled in a write stop counting against the write depth."""
         now = time.monotonic_ns()
         with self._ready:
-            for store in [t for t in self._writing.values() if now > t.deadline_ns]:
+            stalled_since = now - int(STALLED_WRITE_S * 1e9)
+            for store in [
+                t
+                for t in self._writing.values()
+                if now > t.deadline_ns and t.writing_since_ns < stalled_since
+            ]:
                 self._stop_writing(store)
             dropped: list[Task] = []
             for queues in self._queues:
@@ -246,8 +255,9 @@ class Scheduler:
                     queues[session_id] = queue  # to the back: the next session takes its turn
                 self._release([task], done=False)
                 self._running.update(task.databases)
-                self._client_reads[task.session_id] += task.reads_client
-                if task.priority == Priority.STORE:
+                if task.reads_client:
+                    self._client_reads[task.session_id] += 1
+                if task.priority == Priority.STORE and task.data_bytes:  # one of 0 writes nothing
                     task.writing_bytes = task.data_bytes
                     task.writing_since_ns = now
                     self._store_running_bytes += task.data_bytes

@@ -155,10 +155,10 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
     userfaultfd and never served) hold the I/O threads that read them until the pages answer.
     They hold at most three of the four, so another client still stores and loads on time; the
     stalled ones fail at their deadline and are never written."""
+    stalled = StalledMemory(8 * 2**20)
     config = workdir / "gateway.yaml"
     config.write_text("io_threads: 4\n")
     gateway = make_gateway("256MiB", "--config", str(config)).start()
-    stalled = StalledMemory(8 * 2**20)
     stuck = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
     other = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
     try:
@@ -175,6 +175,8 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
         assert run(stuck, stuck_id)[0] is False
     finally:
         stalled.release()
+    # the three that held their threads read zeros now, find the store given up, write nothing
+    wait_until(lambda: gateway.log().count("gave the store of") == 3, 10, "the stalled stores")
     assert run(stuck, stuck.submit_batch_exists(keys))[1] == [False] * len(keys)
     stuck.close()
     other.close()

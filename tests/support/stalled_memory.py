@@ -3,7 +3,8 @@ userfaultfd for missing-page faults, which nobody serves. A process that reads t
 another through ``process_vm_readv``, waits in the kernel until ``release`` closes the
 userfaultfd, after which they read as zeros. It stands for a client whose memory the gateway
 cannot read in time (a segment on a hung FUSE or NFS mount, or pages a lazy restore still
-holds back)."""
+holds back). A process forked after it keeps the userfaultfd open, and readers wait for that
+copy to close too."""
 
 from __future__ import annotations
 
@@ -32,12 +33,16 @@ class StalledMemory:
         if fd < 0:
             pytest.skip(f"no userfaultfd here: {os.strerror(ctypes.get_errno())}")
         self._fd = fd
-        fcntl.ioctl(fd, _UFFDIO_API, bytearray(struct.pack("QQQ", _UFFD_API, 0, 0)))
-        self._mapping = mmap.mmap(-1, nbytes)
-        self.memory = memoryview(self._mapping)
+        self._mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         start = ctypes.addressof(ctypes.c_char.from_buffer(self._mapping))
-        registration = struct.pack("QQQQ", start, nbytes, _UFFDIO_REGISTER_MODE_MISSING, 0)
-        fcntl.ioctl(fd, _UFFDIO_REGISTER, bytearray(registration))
+        try:
+            fcntl.ioctl(fd, _UFFDIO_API, bytearray(struct.pack("QQQ", _UFFD_API, 0, 0)))
+            registration = struct.pack("QQQQ", start, nbytes, _UFFDIO_REGISTER_MODE_MISSING, 0)
+            fcntl.ioctl(fd, _UFFDIO_REGISTER, bytearray(registration))
+        except OSError:
+            self.release()
+            raise
+        self.memory = memoryview(self._mapping)
 
     def release(self) -> None:
         """Let every read waiting on the pages go on (they read zeros from then on)."""

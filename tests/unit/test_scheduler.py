@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from adp_gateway.scheduling import scheduler as scheduler_module
 from adp_gateway.scheduling.scheduler import Priority, Scheduler, Task
 from adp_gateway.scheduling.write_depth import DRAIN_S, FLOOR_BYTES, WriteDepth
 from tests.support import wait_until
@@ -181,24 +182,28 @@ def test_stores_write_at_most_their_inflight_bytes_and_loads_pass_them() -> None
     assert drain(scheduler) == [big]  # one store always may run, however large
 
 
-def test_a_store_running_past_its_deadline_stops_holding_the_write_depth() -> None:
+def test_a_store_stalled_past_its_deadline_stops_holding_the_write_depth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A store stuck in a stalled database's kernel past its deadline no longer keeps the
-    stores to other databases from writing."""
+    stores to other databases from writing; one past its deadline that has not been writing
+    for ``STALLED_WRITE_S`` still counts (a store started late on a healthy disk)."""
+    monkeypatch.setattr(scheduler_module, "STALLED_WRITE_S", 1.0)
     scheduler = Scheduler(10**9, store_inflight_max=100)
-    soon = time.monotonic_ns() + 50_000_000
-    stuck = Task(Priority.STORE, 1, soon, 80, lambda: None, print, frozenset({0}))
-    later = Task(Priority.STORE, 2, soon + 60 * 10**9, 40, lambda: None, print, frozenset({1}))
+    soon = time.monotonic_ns() + 200_000_000
+    stuck = Task(Priority.STORE, 1, soon, 80, lambda: None, lambda s: None, frozenset({0}))
+    later = Task(Priority.STORE, 2, soon + 60 * 10**9, 40, lambda: None, lambda s: None)
     for t in (stuck, later):
         assert scheduler.submit(t)
     assert drain(scheduler) == [stuck]  # 120 bytes would pass the depth
-    assert scheduler.drop_expired() == []
-    assert drain(scheduler) == []  # in time: it still counts
     wait_until(lambda: time.monotonic_ns() > soon, 5, "the stuck store's deadline")
-    assert scheduler.drop_expired() == []  # it runs: nothing queued to drop
+    assert scheduler.drop_expired() == []  # nothing queued to drop
+    assert drain(scheduler) == []  # past its deadline, but writing for less than 1 s
+    time.sleep(1.0)
+    assert scheduler.drop_expired() == []
     assert drain(scheduler) == [later]
     scheduler.finished(stuck)  # once it returns, it is not subtracted twice
     scheduler.finished(later)
-    assert scheduler.statistics().queued == (0, 0, 0)
     big = [live_store(60), live_store(60)]
     for t in big:
         assert scheduler.submit(t)
