@@ -46,6 +46,7 @@ GATEWAY_LAYERS = [
         # Policies decide and do no I/O: the gateway and bench/trace_sim.py run them alike.
         "adp_gateway.policy.budget",
         "adp_gateway.policy.sightings",
+        "adp_gateway.policy.store_rate",
         "adp_gateway.card.software.eviction_ages",
         "adp_gateway.card.software.victims",
     },
