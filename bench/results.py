@@ -120,6 +120,11 @@ BENCHMARKS = {
         "bench.trace_sim:markdown",
         {"blocks": "regions of one block: the policies without the card's region granularity"},
     ),
+    "trace_bounds": Benchmark(
+        "trace-bounds",
+        "A production request trace offline: how far the gateway's kind of policy can go",
+        "bench.trace_bounds:markdown",
+    ),
     "trace_replay": Benchmark(
         "trace-replay",
         "A production request trace through a real `lmcache server`: L2 hits and drive writes",

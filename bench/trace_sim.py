@@ -162,8 +162,9 @@ def replay_top_frequency(trace: Trace, capacity: int) -> tuple[int, int]:
     return hits, len(held)
 
 
-def replay_belady(trace: Trace, capacity: int) -> tuple[int, int]:
-    """Optimal offline (Belady, with bypass): hits and writes."""
+def replay_belady(trace: Trace, capacity: int, hit: Mask | None = None) -> tuple[int, int]:
+    """Optimal offline (Belady, with bypass): hits and writes. ``hit``, if given (one entry per
+    reference), is set where a reference hits."""
     never = trace.references + 1
     next_use = np.full(trace.references, never, np.int64)
     last: dict[int, int] = {}
@@ -181,6 +182,8 @@ def replay_belady(trace: Trace, capacity: int) -> tuple[int, int]:
             position += 1
             if block in held:
                 hits += prefix
+                if hit is not None:
+                    hit[position - 1] = prefix
                 held[block] = upcoming
                 heapq.heappush(furthest, (-upcoming, block))
                 continue
@@ -264,14 +267,19 @@ class RegionCache:
     ``EvictionAges`` hears each reclaim as the card's does."""
 
     def __init__(
-        self, capacity: int, blocks_per_region: int, ranking: Ranking, frequency_aware: bool
+        self,
+        capacity: int,
+        blocks_per_region: int,
+        ranking: Ranking,
+        frequency_aware: bool,
+        unread_age_factor: float = UNREAD_AGE_FACTOR,
     ) -> None:
         count = region_count(capacity, blocks_per_region)
         self.per_region = blocks_per_region
         self.ranking = ranking
         self.regions = [SimRegion(i) for i in range(count)]
         self.free = list(range(count - 1, -1, -1))  # taken from the end: region 0 first
-        self.order = FrequencyAwareOrder() if frequency_aware else EvictionOrder()
+        self.order = FrequencyAwareOrder() if frequency_aware else EvictionOrder(unread_age_factor)
         self.where: dict[int, int] = {}
         self.ages = EvictionAges()
         self.clock = 0
@@ -336,23 +344,30 @@ def replay_gateway(
     block_bytes: int,
     prefix_aware: bool = False,
     frequency_aware: bool = False,
+    unread_age_factor: float = UNREAD_AGE_FACTOR,
+    hit: Mask | None = None,
 ) -> tuple[int, int]:
     """The gateway's admission and eviction over a region log: hits and writes. Requests that
-    share a timestamp come evenly spread over its step (``Trace.spread``)."""
+    share a timestamp come evenly spread over its step (``Trace.spread``). ``hit``, if given
+    (one entry per reference), is set where a reference hits."""
     trace = trace.spread()
-    cache = RegionCache(capacity, blocks_per_region, ranking, frequency_aware)
+    cache = RegionCache(capacity, blocks_per_region, ranking, frequency_aware, unread_age_factor)
     admission = Admission(settings, float(trace.times_s[0]) if trace.requests else 0.0)
     prints = _fingerprints(trace)
     if prefix_aware:
         cache.prefer = _dead_regions(trace, cache)
     hits = writes = 0
+    positions = itertools.count()
     for i in range(trace.requests):
         now_s = float(trace.times_s[i])
         prefix = True
         for block in trace.request(i):
+            position = next(positions)
             region = cache.where.get(block)
             if prefix and region is not None:
                 hits += 1
+                if hit is not None:
+                    hit[position] = True
                 cache.read(region, now_s)
                 admission.sighted(prints[block], now_s)
                 continue

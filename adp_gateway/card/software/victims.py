@@ -66,7 +66,8 @@ class EvictionOrder:
     filled and ``remove``-d before any of the fields the ranking reads changes, so each list
     finds its entry by the values it was added with."""
 
-    def __init__(self) -> None:
+    def __init__(self, unread_age_factor: float = UNREAD_AGE_FACTOR) -> None:
+        self._unread_age_factor = unread_age_factor  # another only to weigh it (trace_bounds)
         self._by_use: SortedList[tuple[int, int]] = SortedList()  # (last_access, index)
         self._unread: SortedList[tuple[int, int]] = SortedList()  # the same, reads == 0
 
@@ -97,7 +98,7 @@ class EvictionOrder:
         if ranking == Ranking.SCAN_RESISTANT:
             unread = _first(self._unread, may_take)
             if unread is not None:
-                aged = UNREAD_AGE_FACTOR * (now - unread[0])
+                aged = self._unread_age_factor * (now - unread[0])
                 if age is None or aged >= age:
                     return -aged, unread[1]
         return None if used is None or age is None else (-age, used[1])
