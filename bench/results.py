@@ -122,7 +122,7 @@ BENCHMARKS = {
     ),
     "trace_bounds": Benchmark(
         "trace-bounds",
-        "A production request trace offline: how far the gateway's kind of policy can go",
+        "A production request trace offline: the gateway's constants fitted with hindsight",
         "bench.trace_bounds:markdown",
     ),
     "trace_replay": Benchmark(

@@ -412,6 +412,12 @@ def _dead_regions(trace: Trace, cache: RegionCache) -> Callable[[Indices], Mask]
     return dead
 
 
+def ours_settings(capacity: int, block_bytes: int) -> AdmissionSettings:
+    """``ours``' admission, sized as the gateway sizes it (admission.settings_for): a record of
+    eight keys per object the card holds, and its capacity."""
+    return AdmissionSettings(record_keys=8 * capacity, capacity_bytes=capacity * block_bytes)
+
+
 def run_policy(
     policy: str,
     trace: Trace,
@@ -425,9 +431,7 @@ def run_policy(
     capacity = trace.capacity_blocks(percent)
     started = time.monotonic()
     budget: float | None = None
-    # As the gateway sizes its admission (admission.settings_for): a record of eight keys per
-    # object the card holds, and its capacity.
-    on = AdmissionSettings(record_keys=8 * capacity, capacity_bytes=capacity * block_bytes)
+    on = ours_settings(capacity, block_bytes)
     second_sighting = dataclasses.replace(on, bar_floor=1.0, pressure_bar_max=1.0)
     gateway = {
         "region-lru": (Ranking.LRU, AdmissionSettings(enabled=False)),

@@ -69,7 +69,8 @@ class EvictionOrder:
     finds its entry by the values it was added with."""
 
     def __init__(self, unread_age_factor: float = UNREAD_AGE_FACTOR) -> None:
-        self._unread_age_factor = unread_age_factor  # another only to weigh it (trace_bounds)
+        # The card passes UNREAD_AGE_FACTOR; other values are for bench/trace_bounds.py's grid.
+        self._unread_age_factor = unread_age_factor
         self._by_use: SortedList[tuple[int, int]] = SortedList()  # (last_access, index)
         self._unread: SortedList[tuple[int, int]] = SortedList()  # the same, reads == 0
 
