@@ -175,6 +175,10 @@ class Gateway:
             "queued": dict(zip(("loads", "stores", "deletes"), queued.queued, strict=True)),
             "store_backlog_bytes": queued.store_backlog_bytes,
             "write_depth_bytes": queued.write_depth_bytes,
+            "at_io_thread_share": {
+                "sessions": queued.sessions_at_share,
+                "databases": queued.databases_at_share,
+            },
             "evicted_regions": store.reclaims,
             "databases": self.store.card.database_states(),
             "rates_last_minute": rates,

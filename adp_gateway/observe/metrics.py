@@ -23,6 +23,9 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
 - ``adp_gateway_queued_ops{queue}``, ``adp_gateway_store_backlog_bytes``: the scheduler's queues;
   ``adp_gateway_write_depth_bytes``: the bytes of stores that may write at once (what the devices
   drain in 25 ms at the rate stores were last seen to write: adp_gateway/scheduling/write_depth.py).
+- ``adp_gateway_at_io_thread_share{holder}``: sessions (by reads of their client's memory) and
+  databases holding every I/O thread they may (scheduler.py): a client or a drive that does not
+  answer, or a flood.
 - ``adp_gateway_sessions{tenant}``, ``adp_gateway_sessions_opened_total``.
 - ``adp_gateway_objects``, ``adp_gateway_capacity_bytes``, ``adp_gateway_used_bytes``,
   ``adp_gateway_tenant_pool_bytes{tenant}`` / ``..._limit_bytes{tenant}`` (quota pools),
@@ -229,6 +232,15 @@ class LiveState(Collector):
         yield _gauge(
             "adp_gateway_write_depth_bytes", "Bytes of stores that may write at once", state
         )
+        at_share = GaugeMetricFamily(
+            "adp_gateway_at_io_thread_share",
+            "Sessions (by reads of their client's memory) and databases holding every I/O thread "
+            "they may: a client or a drive that does not answer, or a flood",
+            labels=["holder"],
+        )
+        for holder, count in state["at_io_thread_share"].items():
+            at_share.add_metric([holder], count)
+        yield at_share
         yield _gauge("adp_gateway_objects", "Objects stored", state)
         yield _gauge("adp_gateway_capacity_bytes", "Bytes the databases can hold", state)
         yield _gauge("adp_gateway_used_bytes", "Bytes of regions in use", state)

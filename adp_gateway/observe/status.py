@@ -58,6 +58,12 @@ def render(status: dict[str, Any]) -> str:
             f"{_size(tenant['pool_bytes'])} of disk (whole regions) of the "
             f"{_size(tenant['pool_limit_bytes'])} it may use"
         )
+    at_share = status["at_io_thread_share"]
+    if any(at_share.values()):
+        lines.append(
+            f"  holding every I/O thread they may: {_count(at_share['sessions'], 'session')} "
+            f"by reads of client memory, {_count(at_share['databases'], 'database')}"
+        )
     for db in status["databases"]:
         health = db["health"]
         if db["errors_last_minute"]:

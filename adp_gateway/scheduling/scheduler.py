@@ -35,7 +35,8 @@ Stalled clients are contained the same way: a task that reads the client's own m
 from its L1, zero-copy or remote copy) waits on that client's pages, which a client can keep
 from answering (its memory registered with userfaultfd, or a segment on a FUSE or NFS file).
 At most ``per_client_reads_max`` such tasks of one session run at once, so one such client
-holds only that many I/O threads and leaves the rest to the other sessions.
+holds only that many I/O threads and leaves the rest to the other sessions. ``statistics`` counts
+the sessions and databases that hold their whole share now, so an operator sees one stall.
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ class SchedulerStatistics:
     queued: tuple[int, ...]  # per priority
     store_backlog_bytes: int
     write_depth_bytes: int  # the bytes of stores that may write at once now
+    # Those holding every I/O thread they may: sessions by reads of their client's memory,
+    # databases by their ops (a client or a drive that does not answer, or a flood).
+    sessions_at_share: int
+    databases_at_share: int
 
 
 class Scheduler:
@@ -239,7 +244,13 @@ class Scheduler:
         with self._ready:
             queued = tuple(sum(len(q) for q in queues.values()) for queues in self._queues)
             depth = self._depth.limit()
-            return SchedulerStatistics(queued, self._store_backlog_bytes, depth)
+            return SchedulerStatistics(
+                queued,
+                self._store_backlog_bytes,
+                depth,
+                _at_most(self._client_reads, self._per_client_reads_max),
+                _at_most(self._running, self._per_database_max),
+            )
 
     def _pop(self) -> Task | None:
         now = time.monotonic_ns()
@@ -321,6 +332,11 @@ class Scheduler:
         caller, if an I/O thread, takes one itself when it next asks)."""
         if self._queued:
             self._ready.notify(self._queued)
+
+
+def _at_most(running: Counter[int], share: int | None) -> int:
+    """How many of ``running``'s holders hold their whole ``share`` (None: no share)."""
+    return 0 if share is None else sum(1 for count in running.values() if count >= share)
 
 
 def _places(task: Task) -> list[int | None]:

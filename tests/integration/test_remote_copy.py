@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from adp_gateway.observe.status import ask, render
 from lmcache_adp import ADPConnector
 from tests.support import (
     Gateway,
@@ -165,6 +166,10 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
         keys = list(keyed_objects(25, 8, 2**20))
         buffers = [stalled.memory[i * 2**20 : (i + 1) * 2**20] for i in range(len(keys))]
         stuck_id = stuck.submit_batch_set(keys, buffers)
+        wait_until(lambda: at_share(gateway) == 1, 10, "the stalled session at its share")
+        assert "holding every I/O thread they may: 1 session" in render(
+            ask(str(gateway.socket_path))
+        )
         batch = keyed_objects(26, 2, 2**20)
         values = [memoryview(bytearray(v)) for v in batch.values()]
         assert run(other, other.submit_batch_set(list(batch), values))[0]
@@ -177,9 +182,15 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
         stalled.release()
     # the three that held their threads read zeros now, find the store given up, write nothing
     wait_until(lambda: gateway.log().count("gave the store of") == 3, 10, "the stalled stores")
+    assert at_share(gateway) == 0
     assert run(stuck, stuck.submit_batch_exists(keys))[1] == [False] * len(keys)
     stuck.close()
     other.close()
+
+
+def at_share(gateway: Gateway) -> int:
+    """The sessions holding every I/O thread they may, as `adp-gateway status` reads them."""
+    return int(ask(str(gateway.socket_path))["at_io_thread_share"]["sessions"])
 
 
 def test_lmcache_server_with_private_l1_has_the_gateway_copy_its_stores(

@@ -117,10 +117,12 @@ def test_a_stalled_database_holds_only_its_share_of_the_threads() -> None:
     running = drain(scheduler)  # none finishes: database 0 is stalled
     assert running == [stuck[0], later[2], stuck[1], later[0]]
     assert scheduler.statistics().queued[Priority.LOAD] == 3
+    assert scheduler.statistics().databases_at_share == 2  # both hold two: a stall shows
     scheduler.finished(stuck[0])
     assert drain(scheduler) == [stuck[2]]  # database 0 takes one more, still not {0, 1}
     for t in (stuck[1], stuck[2], later[0]):
         scheduler.finished(t)
+    assert scheduler.statistics().databases_at_share == 0
     assert drain(scheduler) == [stuck[3], later[1]]
 
 
@@ -141,6 +143,7 @@ def test_a_client_whose_memory_stalls_holds_only_its_share_of_the_threads() -> N
     running = drain(scheduler)  # none finishes: client 1's pages never answer
     # its load, the other client's store, and its expired store (it runs no I/O) still go
     assert running == [others[0], stuck[0], others[1], stuck[1], others[2]]
+    assert scheduler.statistics().sessions_at_share == 1  # client 1, not client 2
     scheduler.finished(others[1])  # another client's thread is freed: not client 1's to take
     scheduler.finished(others[2])  # client 1's expired store ends at once
     assert drain(scheduler) == []
@@ -149,6 +152,7 @@ def test_a_client_whose_memory_stalls_holds_only_its_share_of_the_threads() -> N
     for t in (stuck[1], stuck[2]):
         scheduler.finished(t)
     assert drain(scheduler) == [stuck[3]]
+    assert scheduler.statistics().sessions_at_share == 0
 
 
 def test_a_task_past_its_deadline_is_handed_out_to_expire_at_once() -> None:
