@@ -32,8 +32,9 @@ from adp_gateway.host.priority import STORE_PATIENCE_S, Boost
 from adp_gateway.objects.store import ObjectStore, open_store
 from adp_gateway.observe.metrics import LiveState, Metrics, MetricsServer, Rates
 from adp_gateway.policy.budget import SECONDS_PER_DAY
+from adp_gateway.scheduling.io_threads import IoThreads
 from adp_gateway.scheduling.periodic_sync import PeriodicSync
-from adp_gateway.scheduling.scheduler import Scheduler, Task
+from adp_gateway.scheduling.scheduler import Scheduler
 from adp_gateway.sessions.client_l1 import L1Segment
 from adp_gateway.sessions.client_process import ClientProcess
 from adp_gateway.sessions.presence import Presence
@@ -115,6 +116,7 @@ class Gateway:
             boost.load_arrived if boost is not None else None,
             _per_client_reads_max(self.config),
         )
+        self._io = IoThreads(self.config.io_threads, self.scheduler, self._stopping)
         self.presence = Presence(presence_slots_for(self.config.capacity or 0))
         self.store = self._open_store()
         self._periodic_sync: PeriodicSync | None = None
@@ -175,6 +177,7 @@ class Gateway:
             "queued": dict(zip(("loads", "stores", "deletes"), queued.queued, strict=True)),
             "store_backlog_bytes": queued.store_backlog_bytes,
             "write_depth_bytes": queued.write_depth_bytes,
+            "io_threads": dataclasses.asdict(self._io.state()),
             "at_io_thread_share": {
                 "sessions": queued.sessions_at_share,
                 "databases": queued.databases_at_share,
@@ -218,8 +221,7 @@ class Gateway:
         listener = self._listener
         if self._periodic_sync is not None:
             self._periodic_sync.start()
-        for i in range(self.config.io_threads):
-            self._spawn(f"io-{i}", self._io_loop)
+        self._io.start()
         self._spawn("expire", self._expire_loop)
         self._spawn("accept", lambda: self._reception.run(listener))
         self.metrics.add_collector(LiveState(self._live_state))
@@ -250,9 +252,10 @@ class Gateway:
         # after that (a disk that does not answer) keeps its fds: the store is then left as a
         # kill leaves it (the next start walks its open regions), never closed under it.
         deadline = time.monotonic() + STOP_IO_WAIT_S
-        for thread in self._threads:
+        threads = self._threads + self._io.threads()  # no I/O thread starts once stopping
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        stuck = [thread.name for thread in threads if thread.is_alive()]
         if self._periodic_sync is not None:
             stuck += self._periodic_sync.stop(max(0.0, deadline - time.monotonic()))
         if stuck:
@@ -299,20 +302,16 @@ class Gateway:
         thread.start()
         self._threads.append(thread)
 
-    def _io_loop(self) -> None:
-        while not self._stopping.is_set():
-            task = self.scheduler.next(timeout_s=0.5)
-            if task is not None:
-                run_task(self.scheduler, task)
-
     def _expire_loop(self) -> None:
         """Fail queued ops past their deadline, even while every I/O thread is stuck, so they
-        give their slots back to their clients."""
+        give their slots back to their clients; start an I/O thread beside each held one
+        (io_threads.py)."""
         next_sample = 0.0
         while not self._stopping.wait(EXPIRE_INTERVAL_S):
             self._heartbeat = time.monotonic()
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
+            self._io.settle()
             if self._boost is not None:
                 self._boost.settle(self._must_not_wait)
             self._fold_client_counts()
@@ -381,18 +380,6 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
-
-
-def run_task(scheduler: Scheduler, task: Task) -> None:
-    """Run one queued task on an I/O thread. A bug must not kill the thread: the task's ops
-    fail (those it completed already stay as they were: a session reports each op once)."""
-    try:
-        task.run()
-    except Exception:
-        log.exception("unexpected error in an I/O task")
-        task.cancel(Status.FAILED)
-    finally:
-        scheduler.finished(task)
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:

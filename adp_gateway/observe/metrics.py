@@ -23,6 +23,8 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
 - ``adp_gateway_queued_ops{queue}``, ``adp_gateway_store_backlog_bytes``: the scheduler's queues;
   ``adp_gateway_write_depth_bytes``: the bytes of stores that may write at once (what the devices
   drain in 25 ms at the rate stores were last seen to write: adp_gateway/scheduling/write_depth.py).
+- ``adp_gateway_io_threads{state}``: I/O threads ``alive``, and ``held`` by a task running a
+  second or more (scheduling/io_threads.py starts others beside them).
 - ``adp_gateway_at_io_thread_share{holder}``: sessions (by reads of their client's memory) and
   databases holding every I/O thread they may (scheduler.py): a client or a drive that does not
   answer, or a flood.
@@ -241,6 +243,15 @@ class LiveState(Collector):
         for holder, count in state["at_io_thread_share"].items():
             at_share.add_metric([holder], count)
         yield at_share
+        threads = GaugeMetricFamily(
+            "adp_gateway_io_threads",
+            "I/O threads alive, and those held by a task running a second or more (while "
+            "fewer than io_threads are free, another starts, up to twice io_threads)",
+            labels=["state"],
+        )
+        for key in ("alive", "held"):
+            threads.add_metric([key], state["io_threads"][key])
+        yield threads
         yield _gauge("adp_gateway_objects", "Objects stored", state)
         yield _gauge("adp_gateway_capacity_bytes", "Bytes the databases can hold", state)
         yield _gauge("adp_gateway_used_bytes", "Bytes of regions in use", state)

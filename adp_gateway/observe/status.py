@@ -58,6 +58,12 @@ def render(status: dict[str, Any]) -> str:
             f"{_size(tenant['pool_bytes'])} of disk (whole regions) of the "
             f"{_size(tenant['pool_limit_bytes'])} it may use"
         )
+    threads = status["io_threads"]
+    if threads["held"] or threads["alive"] > threads["size"]:
+        lines.append(
+            f"  I/O threads: {threads['alive']} alive for io_threads {threads['size']}, "
+            f"{threads['held']} held by a task running a second or more"
+        )
     at_share = status["at_io_thread_share"]
     if any(at_share.values()):
         lines.append(

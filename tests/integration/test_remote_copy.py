@@ -188,6 +188,46 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
     other.close()
 
 
+def test_two_clients_whose_memory_never_answers_cost_the_others_nothing(
+    make_gateway: Callable[..., Gateway], workdir: Path
+) -> None:
+    """Two such clients could hold three of the four I/O threads each, more than there are.
+    Once their stores have held the threads for a second, others start beside them (up to
+    twice io_threads), so another client still stores and loads; when the pages answer, the
+    threads go back to io_threads."""
+    stalled = [StalledMemory(8 * 2**20) for _ in range(2)]
+    config = workdir / "gateway.yaml"
+    config.write_text("io_threads: 4\n")
+    gateway = make_gateway("256MiB", "--config", str(config)).start()
+    stuck = [plugin(gateway, op_timeout_s=OP_TIMEOUT_S) for _ in stalled]
+    other = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
+    try:
+        for n, (client, memory) in enumerate(zip(stuck, stalled, strict=True)):
+            keys = list(keyed_objects(30 + n, 8, 2**20))
+            buffers = [memory.memory[i * 2**20 : (i + 1) * 2**20] for i in range(len(keys))]
+            client.submit_batch_set(keys, buffers)
+        wait_until(lambda: io_threads(gateway)["held"] >= 4, 10, "every I/O thread held")
+        wait_until(lambda: io_threads(gateway)["alive"] == 8, 10, "four more beside them")
+        assert "I/O threads: 8 alive for io_threads 4" in render(ask(str(gateway.socket_path)))
+        batch = keyed_objects(32, 2, 2**20)
+        values = [memoryview(bytearray(v)) for v in batch.values()]
+        assert run(other, other.submit_batch_set(list(batch), values))[0]
+        into = [bytearray(2**20) for _ in batch]
+        found = run(other, other.submit_batch_get(list(batch), list(map(memoryview, into))))
+        assert found == (True, [True, True])
+    finally:
+        for memory in stalled:
+            memory.release()
+    wait_until(lambda: io_threads(gateway)["alive"] == 4, 10, "the threads back to io_threads")
+    for client in [*stuck, other]:
+        client.close()
+
+
+def io_threads(gateway: Gateway) -> dict[str, int]:
+    """The I/O threads alive and held, as `adp-gateway status` reads them."""
+    return dict(ask(str(gateway.socket_path))["io_threads"])
+
+
 def at_share(gateway: Gateway) -> int:
     """The sessions holding every I/O thread they may, as `adp-gateway status` reads them."""
     return int(ask(str(gateway.socket_path))["at_io_thread_share"]["sessions"])

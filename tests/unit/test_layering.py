@@ -76,6 +76,7 @@ GATEWAY_LAYERS = [
         "adp_gateway.card.software.superblocks",
         "adp_gateway.front.handshake_slots",
         "adp_gateway.front.refusals",
+        "adp_gateway.scheduling.io_threads",
         "adp_gateway.sessions.extents",
     },
     {

@@ -13,8 +13,8 @@ import pytest
 from adp_gateway.card.software.devices.memory import MemoryDevice
 from adp_gateway.errors import ProtocolError
 from adp_gateway.observe.metrics import Metrics
+from adp_gateway.scheduling.io_threads import run_task
 from adp_gateway.scheduling.scheduler import Scheduler
-from adp_gateway.service import run_task
 from adp_gateway.sessions.session import Session
 from adp_wire.protocol import Op, Status, encode_keys
 from adp_wire.ring.layout import LOOKUPS, PAGE_BYTES, UNTAKEN, RingLayout, Submission, map_shared

@@ -1,0 +1,112 @@
+"""The I/O threads: ``size`` of them take the scheduler's tasks, and one held by its task for
+``HELD_S`` is replaced, so that peers that never answer cost their own ops, never everyone's.
+
+A store that reads its client's memory waits in the kernel until the client's pages answer,
+and a task on a stalled drive until the drive does; neither wait can be interrupted. The
+scheduler keeps each session and each database to its share of the threads (scheduler.py), but
+two such clients, or such a client and a stalled drive, would still hold them all, and every
+other session's loads would expire. So while fewer than ``size`` threads are free (idle, or
+running a task younger than ``HELD_S``), the housekeeping thread starts another, up to twice
+``size`` in all; a thread whose task returns while more than ``size`` are free ends. A long
+task on a healthy drive may start one too, which only adds a thread while it runs.
+
+Thread-safe: the I/O threads, the housekeeping thread and ``status`` call it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from adp_gateway.scheduling.scheduler import Scheduler, Task
+from adp_wire.protocol import Status
+from adp_wire.threads import NamedThread
+
+log = logging.getLogger(__name__)
+HELD_S = 1.0  # a task running this long holds its thread: another may start beside it
+WAIT_S = 0.5  # how long an idle thread waits for a task before it looks at ``stopping`` again
+
+
+@dataclass(frozen=True)
+class IoThreadsState:
+    size: int  # the config's io_threads
+    alive: int
+    held: int  # running a task for HELD_S or more
+
+
+class IoThreads:
+    def __init__(self, size: int, scheduler: Scheduler, stopping: threading.Event) -> None:
+        self.size = size
+        self._scheduler = scheduler
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._threads: dict[int, threading.Thread] = {}  # number -> thread, while alive
+        self._busy_since: dict[int, float] = {}  # number -> when its running task began
+        self._numbers = itertools.count()
+
+    def start(self) -> None:
+        with self._lock:
+            for _ in range(self.size):
+                self._add()
+
+    def settle(self) -> None:
+        """Start a thread for each held one that leaves fewer than ``size`` free, up to twice
+        ``size`` in all; none once stopping."""
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            free = len(self._threads) - self._held(time.monotonic())
+            for _ in range(min(self.size - free, 2 * self.size - len(self._threads))):
+                self._add()
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads alive now (after ``stopping`` is set, no more start)."""
+        with self._lock:
+            return list(self._threads.values())
+
+    def state(self) -> IoThreadsState:
+        with self._lock:
+            return IoThreadsState(self.size, len(self._threads), self._held(time.monotonic()))
+
+    def _add(self) -> None:
+        """Under the lock: start one more thread."""
+        number = next(self._numbers)
+        thread = NamedThread(target=self._serve, args=(number,), name=f"io-{number}", daemon=True)
+        self._threads[number] = thread
+        thread.start()
+
+    def _held(self, now: float) -> int:
+        return sum(1 for since in self._busy_since.values() if now - since >= HELD_S)
+
+    def _serve(self, number: int) -> None:
+        try:
+            while not self._stopping.is_set():
+                task = self._scheduler.next(timeout_s=WAIT_S)
+                if task is None:
+                    continue
+                with self._lock:
+                    self._busy_since[number] = time.monotonic()
+                run_task(self._scheduler, task)
+                with self._lock:
+                    del self._busy_since[number]
+                    free = len(self._threads) - self._held(time.monotonic())
+                    if free > self.size:
+                        return  # a held thread was replaced: one too many now
+        finally:
+            with self._lock:
+                self._threads.pop(number, None)
+
+
+def run_task(scheduler: Scheduler, task: Task) -> None:
+    """Run one queued task on an I/O thread. A bug must not kill the thread: the task's ops
+    fail (those it completed already stay as they were: a session reports each op once)."""
+    try:
+        task.run()
+    except Exception:
+        log.exception("unexpected error in an I/O task")
+        task.cancel(Status.FAILED)
+    finally:
+        scheduler.finished(task)

@@ -1,0 +1,94 @@
+"""Goal: tasks that never return cost their own threads, never everyone's. The I/O threads take
+the scheduler's tasks; once a task has held its thread for HELD_S, ``settle`` starts another
+beside it, so that ``size`` threads stay free, up to twice ``size`` in all; when the held tasks
+return, the pool shrinks back to ``size``; and once stopping, no thread starts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from adp_gateway.scheduling import io_threads as io_threads_module
+from adp_gateway.scheduling.io_threads import IoThreads
+from adp_gateway.scheduling.scheduler import Priority, Scheduler, Task
+from tests.support import wait_until
+
+HELD_S = 0.2  # shorter than the gateway's, so the test waits less
+
+
+@pytest.fixture(autouse=True)
+def quick_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(io_threads_module, "HELD_S", HELD_S)
+
+
+@pytest.fixture
+def stopping() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def load(session: int, run: threading.Event, done: list[int]) -> Task:
+    """A load that waits for ``run`` (a client's memory or a drive that does not answer)."""
+    deadline_ns = time.monotonic_ns() + 60 * 10**9
+
+    def body() -> None:
+        run.wait(30)
+        done.append(session)
+
+    return Task(Priority.LOAD, session, deadline_ns, 0, body, lambda status: None)
+
+
+def test_held_threads_are_replaced_up_to_twice_the_size(stopping: threading.Event) -> None:
+    scheduler = Scheduler(10**9)
+    pool = IoThreads(2, scheduler, stopping)
+    pool.start()
+    stalled, done = threading.Event(), []
+    for _ in range(3):
+        scheduler.submit(load(1, stalled, done))
+    wait_until(lambda: pool.state().held == 2, 5, "both threads held")
+    pool.settle()  # two more: one takes the third stalled load
+    wait_until(lambda: pool.state().held == 3, 5, "the third load held")
+    pool.settle()  # one is free; the second would make five, over twice the size
+    assert pool.state().alive == 4
+    free = threading.Event()
+    free.set()
+    scheduler.submit(load(2, free, done))
+    wait_until(lambda: 2 in done, 5, "another session's load on the free thread")
+    stalled.set()
+    wait_until(lambda: pool.state().alive == 2, 5, "the pool back to its size")
+    assert sorted(done) == [1, 1, 1, 2] and pool.state().held == 0
+
+
+def test_a_pool_with_free_threads_starts_none(stopping: threading.Event) -> None:
+    scheduler = Scheduler(10**9)
+    pool = IoThreads(3, scheduler, stopping)
+    pool.start()
+    stalled, done = threading.Event(), []
+    scheduler.submit(load(1, stalled, done))
+    wait_until(lambda: pool.state().held == 1, 5, "one thread held")
+    pool.settle()  # two of three are free: below the size, one starts
+    assert pool.state().alive == 4
+    pool.settle()
+    assert pool.state().alive == 4
+    stalled.set()
+    wait_until(lambda: pool.state().alive == 3, 5, "the pool back to its size")
+
+
+def test_no_thread_starts_once_stopping(stopping: threading.Event) -> None:
+    scheduler = Scheduler(10**9)
+    pool = IoThreads(1, scheduler, stopping)
+    pool.start()
+    stalled = threading.Event()
+    scheduler.submit(load(1, stalled, []))
+    wait_until(lambda: pool.state().held == 1, 5, "the thread held")
+    stopping.set()
+    pool.settle()
+    assert pool.state().alive == 1 and len(pool.threads()) == 1
+    stalled.set()
+    for thread in pool.threads():
+        thread.join(5)
+    assert pool.state().alive == 0
