@@ -311,7 +311,10 @@ class Gateway:
             self._heartbeat = time.monotonic()
             for task in self.scheduler.drop_expired():
                 task.cancel(Status.EXPIRED)
-            self._io.settle()
+            try:
+                self._io.settle()
+            except Exception:  # the deadlines above must keep being kept
+                log.exception("unexpected error starting I/O threads")
             if self._boost is not None:
                 self._boost.settle(self._must_not_wait)
             self._fold_client_counts()

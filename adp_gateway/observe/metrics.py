@@ -23,8 +23,9 @@ serves them. Names follow Prometheus' conventions (units last, ``_total`` for co
 - ``adp_gateway_queued_ops{queue}``, ``adp_gateway_store_backlog_bytes``: the scheduler's queues;
   ``adp_gateway_write_depth_bytes``: the bytes of stores that may write at once (what the devices
   drain in 25 ms at the rate stores were last seen to write: adp_gateway/scheduling/write_depth.py).
-- ``adp_gateway_io_threads{state}``: I/O threads ``alive``, and ``held`` by a task running a
-  second or more (scheduling/io_threads.py starts others beside them).
+- ``adp_gateway_io_threads{state}``: the config's ``size``, the I/O threads ``alive``, and those
+  ``held`` by a task running a second or more (scheduling/io_threads.py starts others beside
+  them).
 - ``adp_gateway_at_io_thread_share{holder}``: sessions (by reads of their client's memory) and
   databases holding every I/O thread they may (scheduler.py): a client or a drive that does not
   answer, or a flood.
@@ -245,11 +246,11 @@ class LiveState(Collector):
         yield at_share
         threads = GaugeMetricFamily(
             "adp_gateway_io_threads",
-            "I/O threads alive, and those held by a task running a second or more (while "
-            "fewer than io_threads are free, another starts, up to twice io_threads)",
+            "I/O threads: io_threads (size), alive, and held by a task running a second or "
+            "more (while fewer than io_threads are free, another starts, up to twice size)",
             labels=["state"],
         )
-        for key in ("alive", "held"):
+        for key in ("size", "alive", "held"):
             threads.add_metric([key], state["io_threads"][key])
         yield threads
         yield _gauge("adp_gateway_objects", "Objects stored", state)

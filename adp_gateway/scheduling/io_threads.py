@@ -60,7 +60,8 @@ class IoThreads:
                 return
             free = len(self._threads) - self._held(time.monotonic())
             for _ in range(min(self.size - free, 2 * self.size - len(self._threads))):
-                self._add()
+                if not self._add():
+                    return
 
     def threads(self) -> list[threading.Thread]:
         """The threads alive now (after ``stopping`` is set, no more start)."""
@@ -71,12 +72,17 @@ class IoThreads:
         with self._lock:
             return IoThreadsState(self.size, len(self._threads), self._held(time.monotonic()))
 
-    def _add(self) -> None:
-        """Under the lock: start one more thread."""
+    def _add(self) -> bool:
+        """Under the lock: start one more thread; False if the system would not."""
         number = next(self._numbers)
         thread = NamedThread(target=self._serve, args=(number,), name=f"io-{number}", daemon=True)
+        try:
+            thread.start()  # it waits for the lock before it can end
+        except RuntimeError:
+            log.exception("could not start an I/O thread (%d running)", len(self._threads))
+            return False
         self._threads[number] = thread
-        thread.start()
+        return True
 
     def _held(self, now: float) -> int:
         return sum(1 for since in self._busy_since.values() if now - since >= HELD_S)
@@ -93,11 +99,13 @@ class IoThreads:
                 with self._lock:
                     del self._busy_since[number]
                     free = len(self._threads) - self._held(time.monotonic())
-                    if free > self.size:
-                        return  # a held thread was replaced: one too many now
+                    if free > self.size:  # a held thread was replaced: one too many now
+                        del self._threads[number]  # at once: another deciding counts it gone
+                        return
         finally:
             with self._lock:
                 self._threads.pop(number, None)
+                self._busy_since.pop(number, None)  # a task that raised past run_task
 
 
 def run_task(scheduler: Scheduler, task: Task) -> None:

@@ -1,7 +1,8 @@
 """Goal: tasks that never return cost their own threads, never everyone's. The I/O threads take
 the scheduler's tasks; once a task has held its thread for HELD_S, ``settle`` starts another
 beside it, so that ``size`` threads stay free, up to twice ``size`` in all; when the held tasks
-return, the pool shrinks back to ``size``; and once stopping, no thread starts."""
+return, the pool shrinks back to ``size``; a thread that a failing task killed is replaced and
+leaves no held count behind; and once stopping, no thread starts."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_held_threads_are_replaced_up_to_twice_the_size(stopping: threading.Even
     assert sorted(done) == [1, 1, 1, 2] and pool.state().held == 0
 
 
-def test_a_pool_with_free_threads_starts_none(stopping: threading.Event) -> None:
+def test_only_enough_threads_start_to_keep_size_free(stopping: threading.Event) -> None:
     scheduler = Scheduler(10**9)
     pool = IoThreads(3, scheduler, stopping)
     pool.start()
@@ -92,3 +93,27 @@ def test_no_thread_starts_once_stopping(stopping: threading.Event) -> None:
     for thread in pool.threads():
         thread.join(5)
     assert pool.state().alive == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_a_failing_task_killed_is_replaced(stopping: threading.Event) -> None:
+    """A task whose run and whose failure report both raise ends its thread (run_task re-raises
+    what the report raised); ``settle`` starts another, and nothing stays counted as held."""
+    scheduler = Scheduler(10**9)
+    pool = IoThreads(2, scheduler, stopping)
+    pool.start()
+
+    def fail(status: object = None) -> None:
+        time.sleep(2 * HELD_S)  # long enough to count as held first
+        raise RuntimeError("a bug")
+
+    deadline_ns = time.monotonic_ns() + 60 * 10**9
+    scheduler.submit(Task(Priority.LOAD, 1, deadline_ns, 0, fail, fail))
+    wait_until(lambda: pool.state().alive == 1, 10, "the failing task's thread gone")
+    assert pool.state().held == 0
+    pool.settle()
+    assert pool.state().alive == 2
+    free, done = threading.Event(), []
+    free.set()
+    scheduler.submit(load(2, free, done))
+    wait_until(lambda: done == [2], 5, "a load on the threads left")
