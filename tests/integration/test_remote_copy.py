@@ -170,13 +170,7 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
         assert "holding every I/O thread they may: 1 session" in render(
             ask(str(gateway.socket_path))
         )
-        batch = keyed_objects(26, 2, 2**20)
-        values = [memoryview(bytearray(v)) for v in batch.values()]
-        assert run(other, other.submit_batch_set(list(batch), values))[0]
-        into = [bytearray(2**20) for _ in batch]
-        found = run(other, other.submit_batch_get(list(batch), list(map(memoryview, into))))
-        assert found == (True, [True, True])
-        assert [bytes(b) for b in into] == list(batch.values())
+        stores_and_loads(other, seed=26)
         assert run(stuck, stuck_id)[0] is False
     finally:
         stalled.release()
@@ -209,18 +203,24 @@ def test_two_clients_whose_memory_never_answers_cost_the_others_nothing(
         wait_until(lambda: io_threads(gateway)["held"] >= 4, 10, "every I/O thread held")
         wait_until(lambda: io_threads(gateway)["alive"] == 8, 10, "four more beside them")
         assert "I/O threads: 8 alive for io_threads 4" in render(ask(str(gateway.socket_path)))
-        batch = keyed_objects(32, 2, 2**20)
-        values = [memoryview(bytearray(v)) for v in batch.values()]
-        assert run(other, other.submit_batch_set(list(batch), values))[0]
-        into = [bytearray(2**20) for _ in batch]
-        found = run(other, other.submit_batch_get(list(batch), list(map(memoryview, into))))
-        assert found == (True, [True, True])
+        stores_and_loads(other, seed=32)
     finally:
         for memory in stalled:
             memory.release()
     wait_until(lambda: io_threads(gateway)["alive"] == 4, 10, "the threads back to io_threads")
     for client in [*stuck, other]:
         client.close()
+
+
+def stores_and_loads(client: ADPConnector, seed: int) -> None:
+    """Two objects of 1 MiB stored and loaded back, each op within the client's deadline."""
+    batch = keyed_objects(seed, 2, 2**20)
+    values = [memoryview(bytearray(v)) for v in batch.values()]
+    assert run(client, client.submit_batch_set(list(batch), values))[0]
+    into = [bytearray(2**20) for _ in batch]
+    found = run(client, client.submit_batch_get(list(batch), list(map(memoryview, into))))
+    assert found == (True, [True, True])
+    assert [bytes(b) for b in into] == list(batch.values())
 
 
 def io_threads(gateway: Gateway) -> dict[str, int]:
