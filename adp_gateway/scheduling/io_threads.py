@@ -58,7 +58,7 @@ class IoThreads:
         with self._lock:
             if self._stopping.is_set():
                 return
-            free = len(self._threads) - self._held(time.monotonic())
+            free = self._free(time.monotonic())
             for _ in range(min(self.size - free, 2 * self.size - len(self._threads))):
                 if not self._add():
                     return
@@ -85,7 +85,12 @@ class IoThreads:
         return True
 
     def _held(self, now: float) -> int:
+        """Under the lock: the threads running a task for HELD_S or more."""
         return sum(1 for since in self._busy_since.values() if now - since >= HELD_S)
+
+    def _free(self, now: float) -> int:
+        """Under the lock: the threads alive and not held (idle, or running a young task)."""
+        return len(self._threads) - self._held(now)
 
     def _serve(self, number: int) -> None:
         try:
@@ -98,8 +103,7 @@ class IoThreads:
                 run_task(self._scheduler, task)
                 with self._lock:
                     del self._busy_since[number]
-                    free = len(self._threads) - self._held(time.monotonic())
-                    if free > self.size:  # a held thread was replaced: one too many now
+                    if self._free(time.monotonic()) > self.size:  # a held one was replaced
                         del self._threads[number]  # at once: another deciding counts it gone
                         return
         finally:
