@@ -116,7 +116,9 @@ class Gateway:
             boost.load_arrived if boost is not None else None,
             _per_client_reads_max(self.config),
         )
-        self._io = IoThreads(self.config.io_threads, self.scheduler, self._stopping)
+        self._io = IoThreads(
+            self.config.io_threads, _drives_held_max(self.config), self.scheduler, self._stopping
+        )
         self.presence = Presence(presence_slots_for(self.config.capacity or 0))
         self.store = self._open_store()
         self._periodic_sync: PeriodicSync | None = None
@@ -391,6 +393,15 @@ def _per_database_max(config: GatewayConfig) -> int | None:
     if len(config.database_paths) == 1:
         return None
     return max(1, config.io_threads - config.io_threads // 4)
+
+
+def _drives_held_max(config: GatewayConfig) -> int:
+    """How many I/O threads held by stalled drives are replaced (io_threads.py): every
+    database's share, or io_threads with one database, whose stall leaves no other to serve."""
+    per_database = _per_database_max(config)
+    if per_database is None:
+        return config.io_threads
+    return per_database * len(config.database_paths)
 
 
 def _per_client_reads_max(config: GatewayConfig) -> int:

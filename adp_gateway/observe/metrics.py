@@ -247,7 +247,7 @@ class LiveState(Collector):
         threads = GaugeMetricFamily(
             "adp_gateway_io_threads",
             "I/O threads: io_threads (size), alive, and held by a task running a second or "
-            "more (while fewer than io_threads are free, another starts, up to twice size)",
+            "more (while fewer than io_threads are free, another starts beside a held one)",
             labels=["state"],
         )
         for key in ("size", "alive", "held"):

@@ -10,6 +10,7 @@ test runs a real `lmcache server` as LMCache's docs launch it (no --shm-name).""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import signal
@@ -182,27 +183,35 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
     other.close()
 
 
-def test_two_clients_whose_memory_never_answers_cost_the_others_nothing(
+def test_three_clients_whose_memory_never_answers_cost_the_others_nothing(
     make_gateway: Callable[..., Gateway], workdir: Path
 ) -> None:
-    """Two such clients could hold three of the four I/O threads each, more than there are.
-    Once their stores have held the threads for a second, others start beside them (up to
-    twice io_threads), so another client still stores and loads; when the pages answer, the
+    """Three such clients could hold three of the four I/O threads each, more than twice
+    there are. Once their stores have held the threads for a second, others start beside them
+    (one for each held), so another client still stores and loads; when the pages answer, the
     threads go back to io_threads."""
-    stalled = [StalledMemory(8 * 2**20) for _ in range(2)]
+    stalled = [StalledMemory(8 * 2**20) for _ in range(3)]
     config = workdir / "gateway.yaml"
     config.write_text("io_threads: 4\n")
     gateway = make_gateway("256MiB", "--config", str(config)).start()
     stuck = [plugin(gateway, op_timeout_s=OP_TIMEOUT_S) for _ in stalled]
     other = plugin(gateway, op_timeout_s=OP_TIMEOUT_S)
     try:
-        for n, (client, memory) in enumerate(zip(stuck, stalled, strict=True)):
-            keys = list(keyed_objects(30 + n, 8, 2**20))
-            buffers = [memory.memory[i * 2**20 : (i + 1) * 2**20] for i in range(len(keys))]
-            client.submit_batch_set(keys, buffers)
-        wait_until(lambda: io_threads(gateway)["held"] >= 4, 10, "every I/O thread held")
-        wait_until(lambda: io_threads(gateway)["alive"] == 8, 10, "four more beside them")
-        assert "I/O threads: 8 alive for io_threads 4" in render(ask(str(gateway.socket_path)))
+        seeds = itertools.count(100)
+
+        def stalled_clients_store() -> bool:
+            """Each stalled client stores again, as its next requests would: its stores that
+            waited for a thread have expired by the time more threads start."""
+            for client, memory in zip(stuck, stalled, strict=True):
+                keys = list(keyed_objects(next(seeds), 8, 2**20))
+                buffers = [memory.memory[i * 2**20 : (i + 1) * 2**20] for i in range(len(keys))]
+                client.submit_batch_set(keys, buffers)
+            time.sleep(1.5)  # past HELD_S and a housekeeping tick: new threads start
+            return io_threads(gateway)["held"] == 9
+
+        wait_until(stalled_clients_store, 30, "each client's share held")
+        wait_until(lambda: io_threads(gateway)["alive"] == 13, 10, "nine more beside them")
+        assert "I/O threads: 13 alive for io_threads 4" in render(ask(str(gateway.socket_path)))
         stores_and_loads(other, seed=32)
     finally:
         for memory in stalled:

@@ -1,8 +1,9 @@
 """Goal: tasks that never return cost their own threads, never everyone's. The I/O threads take
 the scheduler's tasks; once a task has held its thread for HELD_S, ``settle`` starts another
-beside it, so that ``size`` threads stay free, up to twice ``size`` in all; when the held tasks
-return, the pool shrinks back to ``size``; a thread that a failing task killed is replaced and
-leaves no held count behind; and once stopping, no thread starts."""
+beside it, so that ``size`` threads stay free: each one held by a client's memory, and those
+held by drives up to ``drives_held_max``; when the held tasks return, the pool shrinks back
+to ``size``; a thread that a failing task killed is replaced and leaves no held count behind;
+and once stopping, no thread starts."""
 
 from __future__ import annotations
 
@@ -32,20 +33,24 @@ def stopping() -> Iterator[threading.Event]:
     event.set()
 
 
-def load(session: int, run: threading.Event, done: list[int]) -> Task:
-    """A load that waits for ``run`` (a client's memory or a drive that does not answer)."""
+def load(session: int, run: threading.Event, done: list[int], reads_client: bool = False) -> Task:
+    """A task that waits for ``run``: a load on a drive that does not answer, or with
+    ``reads_client`` a store from a client's memory that does not."""
     deadline_ns = time.monotonic_ns() + 60 * 10**9
 
     def body() -> None:
         run.wait(30)
         done.append(session)
 
-    return Task(Priority.LOAD, session, deadline_ns, 0, body, lambda status: None)
+    priority = Priority.STORE if reads_client else Priority.LOAD
+    return Task(
+        priority, session, deadline_ns, 0, body, lambda status: None, reads_client=reads_client
+    )
 
 
-def test_held_threads_are_replaced_up_to_twice_the_size(stopping: threading.Event) -> None:
+def test_threads_held_by_drives_are_replaced_up_to_their_most(stopping: threading.Event) -> None:
     scheduler = Scheduler(10**9)
-    pool = IoThreads(2, scheduler, stopping)
+    pool = IoThreads(2, 2, scheduler, stopping)
     pool.start()
     stalled, done = threading.Event(), []
     for _ in range(3):
@@ -53,7 +58,7 @@ def test_held_threads_are_replaced_up_to_twice_the_size(stopping: threading.Even
     wait_until(lambda: pool.state().held == 2, 5, "both threads held")
     pool.settle()  # two more: one takes the third stalled load
     wait_until(lambda: pool.state().held == 3, 5, "the third load held")
-    pool.settle()  # one is free; the second would make five, over twice the size
+    pool.settle()  # one is free; another would replace a third held by a drive, over the most
     assert pool.state().alive == 4
     free = threading.Event()
     free.set()
@@ -64,9 +69,39 @@ def test_held_threads_are_replaced_up_to_twice_the_size(stopping: threading.Even
     assert sorted(done) == [1, 1, 1, 2] and pool.state().held == 0
 
 
+def test_every_thread_held_by_a_client_is_replaced(stopping: threading.Event) -> None:
+    """Three stalled clients' stores hold five threads of a pool of two: five start beside
+    them (the scheduler's shares bound them), and none for a drive past drives_held_max."""
+    scheduler = Scheduler(10**9)
+    pool = IoThreads(2, 0, scheduler, stopping)
+    pool.start()
+    stalled, done = threading.Event(), []
+    for session in (1, 1, 2, 2, 3):
+        scheduler.submit(load(session, stalled, done, reads_client=True))
+
+    def settled_with_every_store_held() -> bool:
+        pool.settle()
+        return pool.state().held == 5
+
+    wait_until(settled_with_every_store_held, 5, "every store held")
+    pool.settle()
+    assert pool.state().alive == 7
+    scheduler.submit(load(4, stalled, done))  # on a drive that stalls too
+    wait_until(lambda: pool.state().held == 6, 5, "the drive's load held")
+    pool.settle()
+    assert pool.state().alive == 7  # drives_held_max 0: none replaces it
+    free = threading.Event()
+    free.set()
+    scheduler.submit(load(5, free, done))
+    wait_until(lambda: 5 in done, 5, "another session's load on the free thread")
+    stalled.set()
+    wait_until(lambda: pool.state().alive == 2, 5, "the pool back to its size")
+    assert sorted(done) == [1, 1, 2, 2, 3, 4, 5]
+
+
 def test_only_enough_threads_start_to_keep_size_free(stopping: threading.Event) -> None:
     scheduler = Scheduler(10**9)
-    pool = IoThreads(3, scheduler, stopping)
+    pool = IoThreads(3, 3, scheduler, stopping)
     pool.start()
     stalled, done = threading.Event(), []
     scheduler.submit(load(1, stalled, done))
@@ -81,7 +116,7 @@ def test_only_enough_threads_start_to_keep_size_free(stopping: threading.Event) 
 
 def test_no_thread_starts_once_stopping(stopping: threading.Event) -> None:
     scheduler = Scheduler(10**9)
-    pool = IoThreads(1, scheduler, stopping)
+    pool = IoThreads(1, 1, scheduler, stopping)
     pool.start()
     stalled = threading.Event()
     scheduler.submit(load(1, stalled, []))
@@ -100,7 +135,7 @@ def test_a_thread_a_failing_task_killed_is_replaced(stopping: threading.Event) -
     """A task whose run and whose failure report both raise ends its thread (run_task re-raises
     what the report raised); ``settle`` starts another, and nothing stays counted as held."""
     scheduler = Scheduler(10**9)
-    pool = IoThreads(2, scheduler, stopping)
+    pool = IoThreads(2, 2, scheduler, stopping)
     pool.start()
 
     def fail(status: object = None) -> None:
