@@ -129,12 +129,12 @@ def _check(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from adp_gateway.observe.status import ask, render
+    from adp_gateway.observe.status import ask, describe
 
     config = config_module.load(args.config, {"socket": _socket(args)})
     status = ask(config.socket_path)
-    print(json.dumps(status, indent=2) if args.json else render(status))
-    return 0 if status["ready"] else 1
+    print(json.dumps(status, indent=2) if args.json else describe(status))
+    return 0 if status.get("ready") is True else 1
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ answer is printed as a few lines for people, or as JSON with ``--json``.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from typing import Any
@@ -37,6 +38,20 @@ def ask(socket_path: str) -> dict[str, Any]:
         raise HandshakeRefused(str(body.get("error", "the gateway refused")))
     status: dict[str, Any] = body["status"]
     return status
+
+
+def describe(status: dict[str, Any]) -> str:
+    """``render``'s lines, or, from a gateway older than this client (still running after an
+    upgrade, its status without a key ``render`` reads), a line that says so and its status
+    as JSON."""
+    try:
+        return render(status)
+    except KeyError as missing:
+        return (
+            f"this gateway's status has no {missing} (the gateway is older than this "
+            "adp-gateway; restart it to upgrade); its status as JSON:\n"
+            + json.dumps(status, indent=2)
+        )
 
 
 def render(status: dict[str, Any]) -> str:

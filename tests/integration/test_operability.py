@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.observe.metrics import SCRAPES_MAX, Metrics, MetricsServer
+from adp_gateway.observe.status import ask, describe
 from tests.support import (
     BIN,
     Gateway,
@@ -150,6 +151,18 @@ def test_status_reports_a_running_gateway(
 
     absent = adp_gateway("status", "--socket", str(gateway.socket_path) + ".nothing")
     assert absent.returncode == 2 and "no gateway answers at" in absent.stderr
+
+
+def test_status_of_an_older_gateway_names_what_it_lacks_and_shows_it_whole(
+    gateway: Gateway,
+) -> None:
+    """A gateway still running from before an upgrade answers without keys this client reads:
+    the lines say which one is missing and show the status as JSON, rather than a KeyError."""
+    status = ask(str(gateway.socket_path))
+    del status["io_threads"]  # as a gateway from before elastic I/O threads answers
+    shown = describe(status)
+    assert shown.startswith("this gateway's status has no 'io_threads' (the gateway is older")
+    assert json.loads(shown.split("\n", 1)[1]) == status
 
 
 def test_verify_restores_through_a_running_server_or_says_it_could_not(
