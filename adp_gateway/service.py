@@ -117,7 +117,11 @@ class Gateway:
             _per_client_reads_max(self.config),
         )
         self._io = IoThreads(
-            self.config.io_threads, _drives_held_max(self.config), self.scheduler, self._stopping
+            self.config.io_threads,
+            self.scheduler,
+            self._stopping,
+            drives_held_max=_drives_held_max(self.config),
+            threads_max=_io_threads_max(self.config),
         )
         self.presence = Presence(presence_slots_for(self.config.capacity or 0))
         self.store = self._open_store()
@@ -396,12 +400,19 @@ def _per_database_max(config: GatewayConfig) -> int | None:
 
 
 def _drives_held_max(config: GatewayConfig) -> int:
-    """How many I/O threads held by stalled drives are replaced (io_threads.py): every
-    database's share, or io_threads with one database, whose stall leaves no other to serve."""
+    """How many I/O threads held by the drives are replaced (io_threads.py): every database's
+    share, or io_threads with one database."""
     per_database = _per_database_max(config)
     if per_database is None:
         return config.io_threads
     return per_database * len(config.database_paths)
+
+
+def _io_threads_max(config: GatewayConfig) -> int:
+    """The most I/O threads alive: io_threads, and beside them every session's share of reads
+    of its client's memory and the drives' shares, held at once."""
+    clients = config.max_sessions * _per_client_reads_max(config)
+    return config.io_threads + clients + _drives_held_max(config)
 
 
 def _per_client_reads_max(config: GatewayConfig) -> int:

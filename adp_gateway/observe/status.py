@@ -16,6 +16,26 @@ from adp_wire.protocol import connect_within, recv_frame, send_frame, status_req
 from adp_wire.units import format_size
 
 TIMEOUT_S = 5.0
+RENDERED_KEYS = frozenset(
+    {
+        "socket",
+        "ready",
+        "used_bytes",
+        "capacity_bytes",
+        "objects",
+        "evicted_regions",
+        "sessions",
+        "queued",
+        "store_backlog_bytes",
+        "write_depth_bytes",
+        "tenants",
+        "io_threads",
+        "at_io_thread_share",
+        "databases",
+        "rates_last_minute",
+        "admission",
+    }
+)  # the status keys ``render`` reads
 
 
 def ask(socket_path: str) -> dict[str, Any]:
@@ -42,16 +62,16 @@ def ask(socket_path: str) -> dict[str, Any]:
 
 def describe(status: dict[str, Any]) -> str:
     """``render``'s lines, or, from a gateway older than this client (still running after an
-    upgrade, its status without a key ``render`` reads), a line that says so and its status
+    upgrade, its status without keys ``render`` reads), a line that names them and its status
     as JSON."""
-    try:
-        return render(status)
-    except KeyError as missing:
+    missing = sorted(RENDERED_KEYS - status.keys())
+    if missing:
         return (
-            f"this gateway's status has no {missing} (the gateway is older than this "
+            f"this gateway's status has no {', '.join(missing)} (the gateway is older than this "
             "adp-gateway; restart it to upgrade); its status as JSON:\n"
             + json.dumps(status, indent=2)
         )
+    return render(status)
 
 
 def render(status: dict[str, Any]) -> str:

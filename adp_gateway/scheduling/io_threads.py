@@ -6,13 +6,16 @@ and a task on a stalled drive until the drive does; neither wait can be interrup
 scheduler keeps each session and each database to its share of the threads (scheduler.py), but
 a few such clients, or such a client and a stalled drive, would still hold them all, and every
 other session's loads would expire. So while fewer than ``size`` threads are free (idle, or
-running a task younger than ``HELD_S``), the housekeeping thread starts another. Every thread
-held by a client's memory is replaced: the scheduler holds each session to its share, so
-max_sessions of them bound the pool. Threads held by the drives are replaced up to
-``drives_held_max`` of them (their shares, or ``size`` with one database: past that, more
-threads would only queue on the one drive). A thread whose task returns while more than ``size``
-are free ends. A long task on a healthy drive may start one too, which only adds a thread while
-it runs.
+running a task younger than ``HELD_S``), the housekeeping thread starts another:
+
+- beside every held task that reads a client's memory, whatever it waits on: the scheduler
+  holds each session to its share of them;
+- beside tasks held by the drives, up to ``drives_held_max`` of them (the databases' shares):
+  ``HELD_S`` cannot tell a stalled drive from a slow one, whose queue more threads keep going;
+- never past ``threads_max`` alive: a client that reconnects while its reads are stuck gets a
+  new session and a new share, so the shares alone bound nothing.
+
+A thread whose task returns while more than ``size`` are free ends.
 
 Thread-safe: the I/O threads, the housekeeping thread and ``status`` call it.
 """
@@ -44,19 +47,22 @@ class IoThreadsState:
 @dataclass(frozen=True)
 class _Running:
     since: float  # when the task began
-    reads_client: bool  # held, it waits on its client's memory rather than on a drive
+    reads_client: bool  # it reads its client's memory (held, it may wait on that or a drive)
 
 
 class IoThreads:
     def __init__(
         self,
         size: int,
-        drives_held_max: int,
         scheduler: Scheduler,
         stopping: threading.Event,
+        *,
+        drives_held_max: int,
+        threads_max: int,
     ) -> None:
         self.size = size
         self._drives_held_max = drives_held_max
+        self._threads_max = threads_max
         self._scheduler = scheduler
         self._stopping = stopping
         self._lock = threading.Lock()
@@ -70,16 +76,16 @@ class IoThreads:
                 self._add()
 
     def settle(self) -> None:
-        """Start a thread for each held one that leaves fewer than ``size`` free, within what
-        replaces held threads (the module's doc); none once stopping."""
+        """Start threads while fewer than ``size`` are free: as many as there are held ones to
+        replace (the module's doc says which), never past ``threads_max``; none once stopping."""
         with self._lock:
             if self._stopping.is_set():
                 return
             now = time.monotonic()
-            held_by_clients = len(self._held(now, reads_client=True))
-            held_by_drives = len(self._held(now, reads_client=False))
-            most = self.size + held_by_clients + min(held_by_drives, self._drives_held_max)
-            for _ in range(min(self.size - self._free(now), most - len(self._threads))):
+            by_clients, by_drives = self._held_counts(now)
+            replacing = by_clients + min(by_drives, self._drives_held_max)
+            wanted = min(self._threads_max, self.size + replacing)
+            for _ in range(min(self.size - self._free(now), wanted - len(self._threads))):
                 if not self._add():
                     return
 
@@ -90,7 +96,9 @@ class IoThreads:
 
     def state(self) -> IoThreadsState:
         with self._lock:
-            return IoThreadsState(self.size, len(self._threads), len(self._held(time.monotonic())))
+            return IoThreadsState(
+                self.size, len(self._threads), sum(self._held_counts(time.monotonic()))
+            )
 
     def _add(self) -> bool:
         """Under the lock: start one more thread; False if the system would not."""
@@ -104,19 +112,21 @@ class IoThreads:
         self._threads[number] = thread
         return True
 
-    def _held(self, now: float, reads_client: bool | None = None) -> list[_Running]:
-        """Under the lock: the tasks running for HELD_S or more (those that read a client's
-        memory, or those that do not, or all)."""
-        return [
-            task
-            for task in self._running.values()
-            if now - task.since >= HELD_S
-            and (reads_client is None or task.reads_client == reads_client)
-        ]
+    def _held_counts(self, now: float) -> tuple[int, int]:
+        """Under the lock: the tasks running for HELD_S or more that read a client's memory,
+        and those that do not."""
+        by_clients = by_drives = 0
+        for task in self._running.values():
+            if now - task.since >= HELD_S:
+                if task.reads_client:
+                    by_clients += 1
+                else:
+                    by_drives += 1
+        return by_clients, by_drives
 
     def _free(self, now: float) -> int:
         """Under the lock: the threads alive and not held (idle, or running a young task)."""
-        return len(self._threads) - len(self._held(now))
+        return len(self._threads) - sum(self._held_counts(now))
 
     def _serve(self, number: int) -> None:
         try:

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.observe.status import ask, render
+from adp_gateway.scheduling.io_threads import HELD_S
+from adp_gateway.service import EXPIRE_INTERVAL_S
 from lmcache_adp import ADPConnector
 from tests.support import (
     Gateway,
@@ -186,10 +188,10 @@ def test_a_client_whose_memory_never_answers_holds_only_its_share_of_the_io_thre
 def test_three_clients_whose_memory_never_answers_cost_the_others_nothing(
     make_gateway: Callable[..., Gateway], workdir: Path
 ) -> None:
-    """Three such clients could hold three of the four I/O threads each, more than twice
-    there are. Once their stores have held the threads for a second, others start beside them
-    (one for each held), so another client still stores and loads; when the pages answer, the
-    threads go back to io_threads."""
+    """Three such clients could hold three of the four I/O threads each: nine of four. Once
+    their stores have held the threads for a second, others start beside them (one for each
+    held), so another client still stores and loads; when the pages answer, the threads go
+    back to io_threads."""
     stalled = [StalledMemory(8 * 2**20) for _ in range(3)]
     config = workdir / "gateway.yaml"
     config.write_text("io_threads: 4\n")
@@ -206,7 +208,7 @@ def test_three_clients_whose_memory_never_answers_cost_the_others_nothing(
                 keys = list(keyed_objects(next(seeds), 8, 2**20))
                 buffers = [memory.memory[i * 2**20 : (i + 1) * 2**20] for i in range(len(keys))]
                 client.submit_batch_set(keys, buffers)
-            time.sleep(1.5)  # past HELD_S and a housekeeping tick: new threads start
+            time.sleep(HELD_S + 5 * EXPIRE_INTERVAL_S)  # held, and new threads started
             return io_threads(gateway)["held"] == 9
 
         wait_until(stalled_clients_store, 30, "each client's share held")

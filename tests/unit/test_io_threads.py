@@ -1,15 +1,15 @@
 """Goal: tasks that never return cost their own threads, never everyone's. The I/O threads take
 the scheduler's tasks; once a task has held its thread for HELD_S, ``settle`` starts another
 beside it, so that ``size`` threads stay free: each one held by a client's memory, and those
-held by drives up to ``drives_held_max``; when the held tasks return, the pool shrinks back
-to ``size``; a thread that a failing task killed is replaced and leaves no held count behind;
-and once stopping, no thread starts."""
+held by drives up to ``drives_held_max``, never past ``threads_max`` alive; when the held tasks
+return, the pool shrinks back to ``size``; a thread that a failing task killed is replaced and
+leaves no held count behind; and once stopping, no thread starts."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -33,7 +33,9 @@ def stopping() -> Iterator[threading.Event]:
     event.set()
 
 
-def load(session: int, run: threading.Event, done: list[int], reads_client: bool = False) -> Task:
+def waiting(
+    session: int, run: threading.Event, done: list[int], reads_client: bool = False
+) -> Task:
     """A task that waits for ``run``: a load on a drive that does not answer, or with
     ``reads_client`` a store from a client's memory that does not."""
     deadline_ns = time.monotonic_ns() + 60 * 10**9
@@ -48,55 +50,78 @@ def load(session: int, run: threading.Event, done: list[int], reads_client: bool
     )
 
 
-def test_threads_held_by_drives_are_replaced_up_to_their_most(stopping: threading.Event) -> None:
+def test_threads_held_by_drives_are_replaced_up_to_drives_held_max(
+    stopping: threading.Event,
+) -> None:
     scheduler = Scheduler(10**9)
-    pool = IoThreads(2, 2, scheduler, stopping)
+    pool = IoThreads(2, scheduler, stopping, drives_held_max=1, threads_max=100)
     pool.start()
     stalled, done = threading.Event(), []
-    for _ in range(3):
-        scheduler.submit(load(1, stalled, done))
+    for _ in range(2):
+        scheduler.submit(waiting(1, stalled, done))
     wait_until(lambda: pool.state().held == 2, 5, "both threads held")
-    pool.settle()  # two more: one takes the third stalled load
-    wait_until(lambda: pool.state().held == 3, 5, "the third load held")
-    pool.settle()  # one is free; another would replace a third held by a drive, over the most
-    assert pool.state().alive == 4
-    another_loads_then_the_stalled_return(pool, scheduler, stalled, done, session=2)
-    assert sorted(done) == [1, 1, 1, 2] and pool.state().held == 0
+    pool.settle()  # one starts: drives_held_max 1 replaces one of the two
+    pool.settle()
+    assert pool.state().alive == 3
+    load_runs_then_pool_shrinks(pool, scheduler, stalled, done, session=2)
+    assert sorted(done) == [1, 1, 2] and pool.state().held == 0
 
 
 def test_every_thread_held_by_a_client_is_replaced(stopping: threading.Event) -> None:
-    """Three stalled clients' stores hold five threads of a pool of two: five start beside
-    them (the scheduler's shares bound them), and none for a drive past drives_held_max."""
-    scheduler = Scheduler(10**9)
-    pool = IoThreads(2, 0, scheduler, stopping)
+    """Three stalled clients' stores hold five threads of a pool of two, each session at most
+    its share of two: five start beside them, and none for a drive past drives_held_max."""
+    scheduler = Scheduler(10**9, per_client_reads_max=2)
+    pool = IoThreads(2, scheduler, stopping, drives_held_max=0, threads_max=100)
     pool.start()
     stalled, done = threading.Event(), []
-    for session in (1, 1, 2, 2, 3):
-        scheduler.submit(load(session, stalled, done, reads_client=True))
-
-    def settled_with_every_store_held() -> bool:
-        pool.settle()
-        return pool.state().held == 5
-
-    wait_until(settled_with_every_store_held, 5, "every store held")
+    for session in (1, 1, 1, 2, 2, 3):  # session 1's third waits for one of its two to return
+        scheduler.submit(waiting(session, stalled, done, reads_client=True))
+    wait_until(settled_with(pool, held=5), 5, "every store its share allows held")
     pool.settle()
     assert pool.state().alive == 7
-    scheduler.submit(load(4, stalled, done))  # on a drive that stalls too
+    scheduler.submit(waiting(4, stalled, done))  # on a drive that stalls too
     wait_until(lambda: pool.state().held == 6, 5, "the drive's load held")
     pool.settle()
     assert pool.state().alive == 7  # drives_held_max 0: none replaces it
-    another_loads_then_the_stalled_return(pool, scheduler, stalled, done, session=5)
-    assert sorted(done) == [1, 1, 2, 2, 3, 4, 5]
+    load_runs_then_pool_shrinks(pool, scheduler, stalled, done, session=5)
+    assert sorted(done) == [1, 1, 1, 2, 2, 3, 4, 5]
 
 
-def another_loads_then_the_stalled_return(
+def test_no_thread_starts_past_threads_max(stopping: threading.Event) -> None:
+    """A client that reconnects while its stores are stuck has a new session, with a new
+    share: only threads_max bounds what its stuck stores hold."""
+    scheduler = Scheduler(10**9, per_client_reads_max=1)
+    pool = IoThreads(2, scheduler, stopping, drives_held_max=0, threads_max=4)
+    pool.start()
+    stalled, done = threading.Event(), []
+    for session in range(1, 6):  # five sessions of one client, each with its store stuck
+        scheduler.submit(waiting(session, stalled, done, reads_client=True))
+    wait_until(settled_with(pool, held=4), 5, "the stores held, up to threads_max")
+    pool.settle()
+    assert pool.state().alive == 4
+    stalled.set()
+    wait_until(lambda: sorted(done) == [1, 2, 3, 4, 5], 5, "every store done")
+    wait_until(lambda: pool.state().alive == 2, 5, "the pool back to its size")
+
+
+def settled_with(pool: IoThreads, held: int) -> Callable[[], bool]:
+    """A condition that settles the pool, then asks whether ``held`` threads are held."""
+
+    def condition() -> bool:
+        pool.settle()
+        return pool.state().held == held
+
+    return condition
+
+
+def load_runs_then_pool_shrinks(
     pool: IoThreads, scheduler: Scheduler, stalled: threading.Event, done: list[int], session: int
 ) -> None:
     """Another session's load runs on a free thread beside the held ones; once the stalled
     tasks return, the pool is back to its size."""
     free = threading.Event()
     free.set()
-    scheduler.submit(load(session, free, done))
+    scheduler.submit(waiting(session, free, done))
     wait_until(lambda: session in done, 5, "another session's load on a free thread")
     stalled.set()
     wait_until(lambda: pool.state().alive == pool.size, 5, "the pool back to its size")
@@ -104,10 +129,10 @@ def another_loads_then_the_stalled_return(
 
 def test_only_enough_threads_start_to_keep_size_free(stopping: threading.Event) -> None:
     scheduler = Scheduler(10**9)
-    pool = IoThreads(3, 3, scheduler, stopping)
+    pool = IoThreads(3, scheduler, stopping, drives_held_max=3, threads_max=100)
     pool.start()
     stalled, done = threading.Event(), []
-    scheduler.submit(load(1, stalled, done))
+    scheduler.submit(waiting(1, stalled, done))
     wait_until(lambda: pool.state().held == 1, 5, "one thread held")
     pool.settle()  # two of three are free: below the size, one starts
     assert pool.state().alive == 4
@@ -119,10 +144,10 @@ def test_only_enough_threads_start_to_keep_size_free(stopping: threading.Event) 
 
 def test_no_thread_starts_once_stopping(stopping: threading.Event) -> None:
     scheduler = Scheduler(10**9)
-    pool = IoThreads(1, 1, scheduler, stopping)
+    pool = IoThreads(1, scheduler, stopping, drives_held_max=1, threads_max=100)
     pool.start()
     stalled = threading.Event()
-    scheduler.submit(load(1, stalled, []))
+    scheduler.submit(waiting(1, stalled, []))
     wait_until(lambda: pool.state().held == 1, 5, "the thread held")
     stopping.set()
     pool.settle()
@@ -138,7 +163,7 @@ def test_a_thread_a_failing_task_killed_is_replaced(stopping: threading.Event) -
     """A task whose run and whose failure report both raise ends its thread (run_task re-raises
     what the report raised); ``settle`` starts another, and nothing stays counted as held."""
     scheduler = Scheduler(10**9)
-    pool = IoThreads(2, 2, scheduler, stopping)
+    pool = IoThreads(2, scheduler, stopping, drives_held_max=2, threads_max=100)
     pool.start()
 
     def fail(status: object = None) -> None:
@@ -153,5 +178,5 @@ def test_a_thread_a_failing_task_killed_is_replaced(stopping: threading.Event) -
     assert pool.state().alive == 2
     free, done = threading.Event(), []
     free.set()
-    scheduler.submit(load(2, free, done))
+    scheduler.submit(waiting(2, free, done))
     wait_until(lambda: done == [2], 5, "a load on the threads left")
