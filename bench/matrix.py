@@ -28,8 +28,9 @@ first; figures are medians over repeats. Each harness process moves at least ``-
 
 Beside every figure: CPU seconds per GB of the gateway and of the harness process (LMCache's
 harness with the adapter in it: our plugin, or fs_native's C++ workers), over the harness's
-rounds. The floor (bench/floor.py: fio at the gateway's shapes and at fio's best, and a Python
-probe) is measured before and after the cells; ratios use the better of the two.
+rounds. The floor (bench/floor.py: fio and a Python probe at the gateway's shapes and at deep
+ones, the faster tool of each) is measured before and after the cells; ratios use the better of
+the two runs.
 
 Cells whose round (size x keys x in flight) exceeds ``--round-mib-max`` are skipped and listed:
 the harness holds a round's objects in memory (twice for fs_native's loads), and the machine is

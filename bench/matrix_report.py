@@ -62,7 +62,7 @@ def throughput_table(report: dict[str, Any]) -> str:
     ratios = [f"{_label(ours, sync)} / {_label(n, sync)}" for n in _references(names)]
     has_floor = _has_floor(report)
     if has_floor:
-        ratios += ["/ fio best", "/ fio at the gateway's shape"]
+        ratios += ["/ floor's best", "/ floor at the gateway's shape"]
     header = " | ".join(_label(n, sync) for n in names)
     lines = [
         f"| object | keys x in flight | op | {header} | " + " | ".join(ratios) + " |",

@@ -254,7 +254,10 @@ def report(results: dict[str, Any]) -> str:
     shown = [f"{c['mb_per_s']:.0f}" for c in cells]
     lines.append("| MB/s (batch bytes / median batch time) | " + " | ".join(shown) + " |")
     floor = results.get("floor")  # runs before the floor was part of this bench have none
-    for label, figure in (("fio at the gateway's shape", "gateway_shape"), ("fio's best", "best")):
+    for label, figure in (
+        ("floor at the gateway's shape", "gateway_shape"),
+        ("floor's best", "best"),
+    ):
         if floor is None:
             break
         shown = []
