@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from adp_gateway.config import GatewayConfig
+from adp_gateway.service import _io_threads_max
 from adp_wire.protocol import PROTOCOL_VERSION
 from adp_wire.ring.layout import LAYOUT_VERSION
 
@@ -112,3 +113,11 @@ def test_the_readme_first_screen_names_no_commit() -> None:
     assert "scripts/serve.sh" in first_screen and "vllm serve" in first_screen
     assert re.findall(r"\b[0-9a-f]{7,40}\b", first_screen) == []
     assert re.findall(r"\b[0-9a-f]{7,40}\b", "at commit 50d1588") == ["50d1588"]
+
+
+def test_the_io_threads_bound_the_docs_state_is_the_codes() -> None:
+    bound = _io_threads_max(GatewayConfig())
+    design = (ROOT / "docs" / "design.md").read_text()
+    reliability = (ROOT / "docs" / "reliability.md").read_text()
+    assert f"are alive ({bound} with the defaults)" in design
+    assert f"up to {bound} threads" in reliability
