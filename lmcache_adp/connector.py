@@ -190,7 +190,11 @@ class ADPConnector:
         self._shared.stopping.wait(seconds)  # close() cuts it short
 
     def _attempt(self) -> bool:
-        connected = self._try_connect()
+        try:
+            connected = self._try_connect()
+        except Exception:  # a surprise (a bug, EMFILE reading /proc) must not end the retries
+            log.exception("unexpected error connecting to the gateway; trying again")
+            connected = False
         self._first_attempt.set()
         return connected
 

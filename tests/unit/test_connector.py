@@ -4,6 +4,7 @@ op_timeout_s whether the gateway is up, absent, killed or hung."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from adp_gateway.errors import ConfigError
-from lmcache_adp import ADPConnector
+from lmcache_adp import ADPConnector, l1_segment
 from tests.support import Gateway, wait_for_future, wait_until
 from tests.support.plugin import connected, objects, views
 
@@ -116,6 +117,27 @@ def test_without_a_gateway_ops_miss_at_once_then_work_when_it_starts(
     assert time.monotonic() - started < 2  # misses come at once, not at the timeout
     gateway.start()
     connected(connector)
+    item = wait_for_future(connector, connector.submit_batch_set(["a"], views(objects(1, 4096))))
+    assert item[1] is True
+
+
+def test_an_unexpected_error_connecting_does_not_end_the_retries(
+    gateway: Gateway, connect: Callable[..., ADPConnector], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading /proc/self/maps can fail (EMFILE in a busy LMCache process): that attempt fails,
+    and the next one connects."""
+    failures = [OSError(errno.EMFILE, "Too many open files")]
+    find = l1_segment.find
+
+    def find_once_failing(*args: str) -> l1_segment.L1Map | None:
+        if failures:
+            raise failures.pop()
+        return find(*args)
+
+    monkeypatch.setattr(l1_segment, "find", find_once_failing)
+    connector = connect(gateway, reconnect_interval_s=0.1)
+    connected(connector)
+    assert failures == []
     item = wait_for_future(connector, connector.submit_batch_set(["a"], views(objects(1, 4096))))
     assert item[1] is True
 
