@@ -132,8 +132,8 @@ class Gateway:
             )
 
     def _abandon_start(self) -> None:
-        """A start refused before the store opened (open_store closes what it opened of it
-        when it fails): let go of the metrics port."""
+        """A start refused before the store opened, or by its recovery (``_open_store``
+        closes it then): let go of the metrics port."""
         if self._metrics_server is not None:
             self._metrics_server.stop()
 
@@ -144,7 +144,11 @@ class Gateway:
         store = open_store(self.config, context)
         paths = self.config.database_paths
         started = time.monotonic()
-        count = store.recover()
+        try:
+            count = store.recover()
+        except BaseException:  # a refused start: the databases' locks and the preparer go
+            _close_after_a_refused_start(store)
+            raise
         self.metrics.recovery_seconds.set(time.monotonic() - started)
         stats = store.statistics()
         log.info(
@@ -389,6 +393,14 @@ class Gateway:
     def _forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+
+
+def _close_after_a_refused_start(store: ObjectStore) -> None:
+    """Close ``store``; what the close raises is logged, as the refusal is what to report."""
+    try:
+        store.close()
+    except Exception:
+        log.exception("closing the databases of a refused start")
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:

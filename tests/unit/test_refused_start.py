@@ -10,12 +10,16 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 from adp_gateway import config as gateway_config
-from adp_gateway.errors import StartupError
+from adp_gateway import service
+from adp_gateway.config import GatewayConfig
+from adp_gateway.errors import StartupError, StorageError
+from adp_gateway.objects.store import ObjectStore
 from tests.support import BIN, ROOT, Gateway
 
 
@@ -142,3 +146,32 @@ def test_a_directory_in_place_of_a_database_is_one_clear_error(workdir: Path) ->
     )
     assert result.returncode == 2 and "cannot open the database" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_start_its_recovery_refuses_closes_the_databases(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recovery that raises (a drive failing the sync after stale versions are deleted)
+    refuses the start and closes the databases it opened, the preparer it started too: the
+    next start in the same process is not refused as "in use by another gateway"."""
+    config = GatewayConfig(
+        data_dirs=[str(workdir / "data")],
+        capacity="64MiB",
+        region_size="8MiB",
+        socket=str(workdir / "gateway.sock"),
+        metrics_address=None,
+    )
+    service.Gateway(config).stop()  # the databases now exist: a refused start keeps them
+    recover = ObjectStore.recover
+
+    def recover_then_fail(store: ObjectStore) -> int:
+        recover(store)
+        raise StorageError("the sync after deleting stale versions failed")
+
+    monkeypatch.setattr(ObjectStore, "recover", recover_then_fail)
+    with pytest.raises(StorageError, match="stale versions"):
+        service.Gateway(config)
+    monkeypatch.undo()
+    gateway = service.Gateway(config)
+    gateway.stop()
+    assert not [t for t in threading.enumerate() if t.name.startswith("prepare")]
