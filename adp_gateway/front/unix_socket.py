@@ -10,13 +10,12 @@ import grp
 import os
 import socket
 import stat
-import struct
 
 from adp_gateway import config as config_module
 from adp_gateway.errors import StartupError
 from adp_gateway.front.tenants import Peer
+from adp_wire.peer import credentials, socket_directory_problem
 
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Connections the kernel queues for accept (capped by net.core.somaxconn): a burst, or a gateway
 # short of CPU, must not turn clients away with EAGAIN (they also retry: lmcache_adp/link.py).
 LISTEN_BACKLOG = 1024
@@ -26,10 +25,9 @@ PROBE_TIMEOUT_S = 2.0  # a live gateway accepts at once (the kernel queues the c
 def peer_of(conn: socket.socket) -> Peer:
     """The connecting process, as the kernel saw it connect."""
     try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        return Peer(*credentials(conn))
     except OSError:
         return Peer(-1, -1, -1)  # matches no tenant's uids or gids
-    return Peer(*_PEERCRED.unpack(creds))
 
 
 def claim(path: str, group: str | None) -> None:
@@ -38,6 +36,9 @@ def claim(path: str, group: str | None) -> None:
     (a config or token file given to ``--socket`` by mistake, a directory) is refused, never
     deleted."""
     _prepare_dir(os.path.dirname(os.path.abspath(path)), group)
+    problem = socket_directory_problem(path, frozenset({os.geteuid(), 0}))
+    if problem is not None:  # its plugins would refuse the gateway (lmcache_adp/trust.py)
+        raise StartupError(f"{problem}: give the gateway another `--socket`")
     try:
         info = os.lstat(path)
     except FileNotFoundError:

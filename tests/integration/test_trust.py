@@ -117,20 +117,30 @@ def test_a_socket_others_could_have_put_there_is_refused(
     good.close()
 
 
-@pytest.mark.parametrize("flaw", ["writable by others", "owned by another user"])
+@pytest.mark.parametrize(
+    "flaw", ["writable by others", "owned by another user", "a parent writable by others"]
+)
 def test_the_gateway_refuses_a_socket_directory_others_control(workdir: Path, flaw: str) -> None:
+    """Where its plugins would refuse it (lmcache_adp/trust.py): a parent that others may
+    write, without the sticky bit, is refused as the directory itself is."""
     directory = workdir / "sockets"
     directory.mkdir(mode=0o700)
     if flaw == "writable by others":
         os.chmod(directory, 0o777)
-    else:
+    elif flaw == "owned by another user":
         os.chown(directory, NOBODY, NOBODY)
+    else:
+        os.chmod(workdir, 0o777)
     argv = [str(BIN / "adp-gateway"), "serve", "--data-dir", str(workdir / "data")]
     argv += ["--socket", str(directory / "gw.sock"), "--capacity", "256MiB"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    expected = "writable by other users" if flaw == "writable by others" else "belongs to uid"
-    assert expected in done.stderr and "--socket" in done.stderr
+    expected = {
+        "writable by others": f"{directory} is writable by other users",
+        "owned by another user": "belongs to uid",
+        "a parent writable by others": f"{workdir} (holding the gateway's socket",
+    }[flaw]
+    assert expected in done.stderr and "--socket" in done.stderr, done.stderr
     assert not (workdir / "data").exists()  # refused before any database was made
 
 

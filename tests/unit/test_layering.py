@@ -22,6 +22,7 @@ WIRE_LAYERS = [
         "adp_wire.ring.doorbell",
         "adp_wire.sealed",
         "adp_wire.threads",
+        "adp_wire.peer",
     },
     {"adp_wire.units", "adp_wire.tokens", "adp_wire.ring.layout", "adp_wire.presence"},
     {"adp_wire.ring.queue", "adp_wire.protocol", "adp_wire.settings"},
