@@ -269,9 +269,11 @@ class GatewayLink:
             max(request.data_offset, 0),
             request.data_bytes,
         )
-        # The queue cannot be full: it has as many entries as there are slots.
-        pushed = self._submissions.push(entry)
-        assert pushed
+        # The queue has an entry for every slot, so only a gateway that does not take its
+        # submissions fills it: a broken link, not a bug of ours (and not an assert, gone
+        # under -O).
+        if not self._submissions.push(entry):
+            raise ProtocolError("the gateway's submission queue is full: it takes no submissions")
         self.inflight[op_id] = request
 
     def ring(self) -> None:
