@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from adp_wire.protocol import Op, Status
@@ -25,6 +26,7 @@ from lmcache_adp.logs import log
 from lmcache_adp.untaken import Untaken
 
 LINGERING_MAX = 256  # reported batches the deadline heap may hold while the plugin runs
+TIMEOUT_LINE_S = 10.0  # after an op's timeout line, its next timeouts fold into the next line
 
 
 class Outcomes:
@@ -36,6 +38,7 @@ class Outcomes:
         self._untaken = untaken
         self._active: dict[int, Batch] = {}  # future id -> batch not reported yet
         self._deadlines: list[tuple[int, int, Batch]] = []  # heap; reported batches linger
+        self._timeout_lines = TimeoutLines()
 
     def track(self, batch: Batch) -> None:
         self._active[batch.future_id] = batch
@@ -97,12 +100,7 @@ class Outcomes:
             batch = heapq.heappop(self._deadlines)[2]
             if batch.done:
                 continue
-            log.warning(
-                "%s of %d keys timed out after %.1f s",
-                batch.op.name,
-                len(batch.keys),
-                batch.timeout_s,
-            )
+            self._timeout_lines.timed_out(batch, now / 1e9)
             self.conclude(batch, failed=True)
 
     def fail_all(self) -> None:
@@ -116,3 +114,29 @@ class Outcomes:
         its L1), and while it runs, at most ``LINGERING_MAX`` of them."""
         self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
         heapq.heapify(self._deadlines)
+
+
+class TimeoutLines:
+    """A warning for an op's timed-out batch, then none for that op for ``TIMEOUT_LINE_S``:
+    the next line counts the batches folded since. A hung gateway expires every batch, and
+    LMCache's log must not take a line for each."""
+
+    def __init__(self) -> None:
+        self._quiet_until: dict[Op, float] = {}
+        self._folded: Counter[Op] = Counter()
+
+    def timed_out(self, batch: Batch, now_s: float) -> None:
+        op = batch.op
+        if now_s < self._quiet_until.get(op, 0.0):
+            self._folded[op] += 1
+            return
+        folded = self._folded.pop(op, 0)
+        more = f" (and {folded} more since the last such line)" if folded else ""
+        log.warning(
+            "%s of %d keys timed out after %.1f s%s",
+            op.name,
+            len(batch.keys),
+            batch.timeout_s,
+            more,
+        )
+        self._quiet_until[op] = now_s + TIMEOUT_LINE_S

@@ -9,6 +9,7 @@ batches do not keep LMCache's buffers once the plugin has failed everything."""
 from __future__ import annotations
 
 import gc
+import logging
 import mmap
 import os
 import random
@@ -19,6 +20,7 @@ import weakref
 
 import msgpack
 import numpy as np
+import pytest
 
 from adp_wire.protocol import ARENA_BYTES_MIN, KEY_BYTES_MAX, KEYS_PER_REQUEST_MAX, Op, Welcome
 from adp_wire.ring import doorbell
@@ -32,7 +34,7 @@ from lmcache_adp.ioloop import STORE_POSTS_PER_STEP, IOLoop
 from lmcache_adp.l1_segment import L1Map
 from lmcache_adp.lanes import RUN_BYTES_MAX, Lane, Lanes, key_runs
 from lmcache_adp.link import GatewayLink
-from lmcache_adp.outcomes import LINGERING_MAX, Outcomes
+from lmcache_adp.outcomes import LINGERING_MAX, TIMEOUT_LINE_S, Outcomes, TimeoutLines
 from lmcache_adp.shared import Inbox, Shared
 from lmcache_adp.untaken import Untaken
 from lmcache_adp.window import WindowAllocator
@@ -279,6 +281,25 @@ def test_reported_batches_let_go_of_lmcaches_buffers() -> None:
         gc.enable()
     assert len(completions.drain()) == 2 * LINGERING_MAX
     completions.close()
+
+
+def test_timed_out_batches_fold_into_one_line_per_op_and_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hung gateway expires every batch: each op gets a line, then its next timeouts are
+    counted into the next line after TIMEOUT_LINE_S."""
+    lines = TimeoutLines()
+    with caplog.at_level(logging.WARNING, logger="lmcache_adp"):
+        for second in range(3):
+            for i in range(100):
+                lines.timed_out(Batch(i, Op.SET, ["k"], None, 1.0), second * 0.01)
+        lines.timed_out(Batch(0, Op.GET, ["k", "l"], None, 1.0), 0.02)
+        lines.timed_out(Batch(0, Op.SET, ["k"], None, 1.0), TIMEOUT_LINE_S)
+    assert [r.getMessage() for r in caplog.records] == [
+        "SET of 1 keys timed out after 1.0 s",
+        "GET of 2 keys timed out after 1.0 s",
+        "SET of 1 keys timed out after 1.0 s (and 299 more since the last such line)",
+    ]
 
 
 def test_a_lookup_reaches_the_gateway_between_the_stores_of_one_batch() -> None:
