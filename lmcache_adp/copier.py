@@ -10,6 +10,7 @@ waiting. A slice never waits for another, so the pool cannot deadlock.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -23,7 +24,6 @@ COPY_SLICE_BYTES_MIN = 4 * 2**20  # a copy is split over threads in slices of at
 # A copy this small runs on the caller's thread: it takes less time (about 80 us) than handing it
 # to a pool thread and its result back (at 256 KiB objects, the pool cost more CPU than the copy).
 COPY_INLINE_BYTES_MAX = 512 * 2**10
-FAILED = object()  # what a part that raised leaves in its latch
 
 
 def _always() -> bool:
@@ -48,64 +48,50 @@ class Copier:
         runs (and calls ``done``) on the caller's thread, before this returns. An ``urgent``
         copy (a load's) goes ahead of every queued copy that is not."""
         if source.nbytes <= COPY_INLINE_BYTES_MAX:
-            done(_attempt(wanted, _copy, destination, source) is not FAILED)
+            done(_attempt(wanted, destination, source))
             return
         parts = max(1, min(self._threads, source.nbytes // COPY_SLICE_BYTES_MIN))
         step = align_up(-(-source.nbytes // parts), PAGE_BYTES) if parts > 1 else source.nbytes
         starts = range(0, max(source.nbytes, 1), max(step, 1))
-        latch = _Latch(len(starts), lambda values: done(FAILED not in values))
+        latch = _Latch(len(starts), done)
         for at in starts:
-            part = (destination[at : at + step], source[at : at + step])
-            self._submit(latch, wanted, _copy, *part, urgent=urgent)
+            part = (wanted, destination[at : at + step], source[at : at + step])
+            self._pool.submit(functools.partial(latch.run, *part), urgent)
 
     def close(self) -> None:
         """Wait for every job, queued or running (their ``done`` calls included)."""
         self._pool.close()
 
-    def _submit(
-        self,
-        latch: _Latch,
-        wanted: Callable[[], bool],
-        work: Callable[..., object],
-        *args: memoryview,
-        urgent: bool = False,
-    ) -> None:
-        index = latch.take()
-        self._pool.submit(lambda: latch.arrive(index, _attempt(wanted, work, *args)), urgent)
 
-
-def _attempt(wanted: Callable[[], bool], work: Callable[..., object], *args: memoryview) -> object:
-    """``work(*args)`` if still ``wanted()``; FAILED if not, or if it raised."""
+def _attempt(wanted: Callable[[], bool], destination: memoryview, source: memoryview) -> bool:
+    """Copy, if still ``wanted()``; False if not, or if the copy raised."""
     try:
         if wanted():
-            return work(*args)
-    except Exception:  # reported as a failed job, never lost
+            _copy(destination, source)
+            return True
+    except Exception:  # reported as a failed copy, never lost
         log.exception("a copy in the plugin failed")
-    return FAILED
+    return False
 
 
 class _Latch:
-    """Collects the results of ``count`` parts and calls ``done`` with them once, from the
-    thread of the last part to finish."""
+    """Runs the ``count`` parts of one copy, and calls ``done(ok)`` once, on the thread of the
+    last part to finish: ok when every part copied."""
 
-    def __init__(self, count: int, done: Callable[[list[object]], None]) -> None:
-        self._values: list[object] = [None] * count
+    def __init__(self, count: int, done: Callable[[bool], None]) -> None:
         self._left = count
-        self._taken = 0
+        self._ok = True
         self._lock = threading.Lock()
         self._done = done
 
-    def take(self) -> int:
-        self._taken += 1
-        return self._taken - 1
-
-    def arrive(self, index: int, value: object) -> None:
+    def run(self, wanted: Callable[[], bool], destination: memoryview, source: memoryview) -> None:
+        ok = _attempt(wanted, destination, source)
         with self._lock:
-            self._values[index] = value
+            self._ok = self._ok and ok
             self._left -= 1
             last = self._left == 0
         if last:
-            self._done(self._values)
+            self._done(self._ok)
 
 
 def _copy(destination: memoryview, source: memoryview) -> None:
