@@ -147,7 +147,10 @@ class Gateway:
         try:
             count = store.recover()
         except BaseException:  # a refused start: the databases' locks and the preparer go
-            _close_after_a_refused_start(store)
+            try:
+                _close_store(store)
+            except Exception:  # the refusal is what to report
+                log.exception("closing the databases of a refused start")
             raise
         self.metrics.recovery_seconds.set(time.monotonic() - started)
         stats = store.statistics()
@@ -277,35 +280,12 @@ class Gateway:
                 STOP_IO_WAIT_S,
             )
         else:
-            self._close_store()
+            _close_store(self.store)
         self.presence.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         self._reception.refusals.flush()  # the refusals folded since their last line
         log.info("gateway stopped")
-
-    def _close_store(self) -> None:
-        """Seal, sync and close the store, on a thread of its own: a final sync the disk never
-        answers costs the stop CLOSE_WAIT_S, not the whole stop. Raises what close raised."""
-        failure: list[BaseException] = []
-
-        def close() -> None:
-            try:
-                self.store.close()
-            except BaseException as exc:  # handed to the stopping thread
-                failure.append(exc)
-
-        closer = NamedThread(target=close, name="close", daemon=True)
-        closer.start()
-        closer.join(CLOSE_WAIT_S)
-        if closer.is_alive():
-            log.error(
-                "closing the databases (sealing, the final sync) has not returned in %g s: "
-                "stopping without waiting for it (the next start recovers what it did not do)",
-                CLOSE_WAIT_S,
-            )
-        elif failure:
-            raise failure[0]
 
     def _spawn(self, name: str, target: object) -> None:
         thread = NamedThread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
@@ -395,12 +375,28 @@ class Gateway:
             self._sessions.pop(session.session_id, None)
 
 
-def _close_after_a_refused_start(store: ObjectStore) -> None:
-    """Close ``store``; what the close raises is logged, as the refusal is what to report."""
-    try:
-        store.close()
-    except Exception:
-        log.exception("closing the databases of a refused start")
+def _close_store(store: ObjectStore) -> None:
+    """Seal, sync and close ``store``, on a thread of its own: a final sync the disk never
+    answers costs CLOSE_WAIT_S, not the whole stop or refused start. Raises what close raised."""
+    failure: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            store.close()
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+
+    closer = NamedThread(target=close, name="close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_WAIT_S)
+    if closer.is_alive():
+        log.error(
+            "closing the databases (sealing, the final sync) has not returned in %g s: "
+            "going on without waiting for it (the next start recovers what it did not do)",
+            CLOSE_WAIT_S,
+        )
+    elif failure:
+        raise failure[0]
 
 
 def _per_database_max(config: GatewayConfig) -> int | None:
