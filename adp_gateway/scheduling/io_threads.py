@@ -85,7 +85,8 @@ class IoThreads:
             by_clients, by_drives = self._held_counts(now)
             replacing = by_clients + min(by_drives, self._drives_held_max)
             wanted = min(self._threads_max, self.size + replacing)
-            for _ in range(min(self.size - self._free(now), wanted - len(self._threads))):
+            free = len(self._threads) - by_clients - by_drives
+            for _ in range(min(self.size - free, wanted - len(self._threads))):
                 if not self._add():
                     return
 
