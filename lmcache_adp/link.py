@@ -270,8 +270,7 @@ class GatewayLink:
             request.data_bytes,
         )
         # The queue has an entry for every slot, so only a gateway that does not take its
-        # submissions fills it: a broken link, not a bug of ours (and not an assert, gone
-        # under -O).
+        # submissions fills it: a broken link, not a bug of ours.
         if not self._submissions.push(entry):
             raise ProtocolError("the gateway's submission queue is full: it takes no submissions")
         self.inflight[op_id] = request
